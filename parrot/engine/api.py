@@ -1,0 +1,91 @@
+"""AsyncEngine: the in-process engine API for asyncio callers (the manager, the HTTP server).
+
+    engine = AsyncEngine(EngineConfig(model="smollm2-135m"))   # loads the model (blocking)
+    engine.start()                                              # starts the compute loop thread
+    result = await engine.fill(FillRequest(...))
+    async for event in engine.generate(GenerateRequest(...)): ...
+    engine.stop()
+
+Methods raise ParrotError for bad requests before anything changes. `generate` yields TokenEvents;
+the last one has `finish_reason`. A caller that stops iterating early leaves the generation
+running to its end (its tokens stay in the context); events are then discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.engine.sched.job import JobEvent
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+        self.engine = engine or LLMEngine(config or EngineConfig())
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def model_folder(self) -> Path:
+        return self.engine.model_folder
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def _channel(self) -> tuple[asyncio.Queue[JobEvent], object]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+
+        def sink(event: JobEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        return queue, sink
+
+    async def fill(self, req: FillRequest) -> FillResult:
+        queue, sink = self._channel()
+        self.engine.submit_fill(req, sink)  # type: ignore[arg-type]
+        event = await queue.get()
+        if isinstance(event, ParrotError):
+            raise event
+        assert isinstance(event, FillResult)
+        return event
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        queue, sink = self._channel()
+        self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
+        while True:
+            event = await queue.get()
+            if isinstance(event, ParrotError):
+                yield TokenEvent(token_id=None, finish_reason="error", error=event.message)
+                return
+            assert isinstance(event, TokenEvent)
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    async def free_context(self, req: FreeContextRequest) -> None:
+        self.engine.free_context(req)
+
+    async def stats(self) -> EngineStats:
+        return self.engine.stats()

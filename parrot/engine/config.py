@@ -1,0 +1,35 @@
+"""Engine configuration: names and numbers only, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"  # a known name, a Hugging Face folder, or a .gguf file
+    dtype: str = "bfloat16"  # "bfloat16" (fast on AMX CPUs) or "float32" (bit-exact tests)
+    block_size: int = 16
+    num_blocks: int | None = None  # if None, derived from kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30
+    max_num_batched_tokens: int = 2048  # token budget of one step (decode tokens + prefill chunks)
+    max_num_seqs: int = 128  # sequences per step
+    # While latency-critical work runs, cap the step's tokens so time per output token stays low.
+    latency_max_batched_tokens: int | None = None
+    policy: str = "priority"  # registered ordering policy (see sched/policy.py)
+    aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
+    attention: str = "paged"  # registered attention backend (see attention/registry.py)
+    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    name: str | None = None  # model name reported to clients; default: derived from `model`
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.latency_max_batched_tokens is not None and self.latency_max_batched_tokens < 1:
+            raise ValueError("latency_max_batched_tokens must be >= 1")

@@ -1,0 +1,263 @@
+"""LLMEngine: the builtin engine's state and its compute loop thread.
+
+Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
+forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
+no request can touch a running context: freeing one is refused while it has jobs). The loop blocks
+on `_cv` when there is no work; submissions and frees notify it. Events reach callers through
+each job's sink, called from the loop thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from parrot.engine.attention.registry import make_backend
+from parrot.engine.config import EngineConfig
+from parrot.engine.generation import accept_token, begin_generation
+from parrot.engine.kv.block_pool import BlockPool
+from parrot.engine.kv.cache import KVCache
+from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.model.loader import load_model, resolve_model_folder
+from parrot.engine.runner import ModelRunner
+from parrot.engine.sched.job import Job, JobKind, Sink, StepPlan
+from parrot.engine.sched.scheduler import Scheduler
+from parrot.protocol.engine_api import (
+    ContextInfo,
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_folder: Path = resolve_model_folder(config.model)
+        self.model_name = config.name or (config.model if not Path(config.model).exists() else self.model_folder.name)
+        dtype = DTYPES[config.dtype]
+        self.model = load_model(self.model_folder, dtype)
+        self.tokenizer = Tokenizer(self.model_folder)
+        mc = self.model.cfg
+        self.max_model_len = mc.max_position_embeddings
+        eos = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_ids = frozenset(eos)
+        num_blocks = config.num_blocks or max(
+            1, config.kv_cache_bytes // KVCache.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+        )
+        self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+        self.pool = BlockPool(num_blocks)
+        self.contexts = ContextTable(self.pool, config.block_size)
+        self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
+        backend = make_backend(config.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts)
+        self._cv = threading.Condition()
+        self._job_ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._num_steps = self._num_prefill_tokens = self._num_decode_tokens = 0
+        self._tpot_ms = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="parrot-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._cv:  # fail what is still queued, so no caller waits forever
+            for job in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self.scheduler.finish(job)
+                job.emit(ParrotError("engine stopped", status=503))
+
+    # ---- requests (any thread) ------------------------------------------------------------------
+    def submit_fill(self, req: FillRequest, sink: Sink) -> None:
+        """Queue a fill; validation errors raise at once and change nothing."""
+        self._check_tokens(req.token_ids)
+        with self._cv:
+            self._prepare_context(req.context_id, req.parent_context_id)
+            base = self._projected_len(req.context_id, req.parent_context_id)
+            if base + len(req.token_ids) > self.max_model_len:
+                raise ParrotError(
+                    f"context would hold {base + len(req.token_ids)} tokens; the model's limit is {self.max_model_len}",
+                    field="token_ids",
+                )
+            if self.contexts.blocks_for(base + len(req.token_ids)) > self.pool.num_blocks:
+                raise ParrotError(
+                    f"{base + len(req.token_ids)} tokens need more KV blocks than the pool has ({self.pool.num_blocks})",
+                    field="token_ids",
+                )
+            self._enqueue(Job(next(self._job_ids), JobKind.FILL, req.context_id, sink, req.objective,
+                              req.priority, time.monotonic(), fork_from=req.parent_context_id,
+                              token_ids=list(req.token_ids)), req)
+
+    def submit_generate(self, req: GenerateRequest, sink: Sink) -> None:
+        with self._cv:
+            self._prepare_context(req.context_id, req.parent_context_id)
+            job = Job(next(self._job_ids), JobKind.GENERATE, req.context_id, sink, req.objective, req.priority,
+                      time.monotonic(), fork_from=req.parent_context_id, sampling=req.sampling)
+            begin_generation(job, self.tokenizer)
+            self._enqueue(job, req)
+
+    def free_context(self, req: FreeContextRequest) -> None:
+        with self._cv:
+            ctx = self.contexts.contexts.get(req.context_id)
+            if ctx is None:
+                raise not_found("context", req.context_id, "context_id")
+            if self.scheduler.busy(req.context_id):
+                raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
+            self.contexts.free(ctx)
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            return EngineStats(
+                model=self.model_name, max_model_len=self.max_model_len, block_size=self.config.block_size,
+                num_blocks_total=self.pool.num_blocks, num_blocks_free=self.pool.num_free,
+                num_contexts=len(self.contexts.contexts), num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting), recent_time_per_output_token_ms=self._tpot_ms,
+                num_steps=self._num_steps, num_prefill_tokens=self._num_prefill_tokens,
+                num_decode_tokens=self._num_decode_tokens,
+            )
+
+    def context_info(self, context_id: str) -> ContextInfo:
+        with self._cv:
+            ctx = self.contexts.contexts.get(context_id)
+            if ctx is None:
+                raise not_found("context", context_id, "context_id")
+            return ContextInfo(context_id=context_id, parent_context_id=ctx.parent_id,
+                               num_tokens=ctx.num_tokens, num_blocks=len(ctx.block_table))
+
+    # ---- validation helpers (lock held) ------------------------------------------------------
+    def _check_tokens(self, token_ids: list[int]) -> None:
+        vocab = self.model.cfg.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
+
+    def _prepare_context(self, context_id: str, parent_id: str | None) -> None:
+        """Check ids; register a new context (a placeholder for a fork until the fork runs)."""
+        exists = context_id in self.contexts
+        if parent_id is not None:
+            if exists:
+                raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
+            if parent_id not in self.contexts:
+                raise not_found("parent context", parent_id, "parent_context_id")
+            if parent_id == context_id:
+                raise ParrotError("a context cannot be its own parent", field="parent_context_id")
+        if not exists:
+            self.contexts.contexts[context_id] = Context(context_id, parent_id)
+
+    def _projected_len(self, context_id: str, parent_id: str | None) -> int:
+        ctx = self.contexts.get(parent_id or context_id)
+        queued = sum(len(j.token_ids) for j in self.scheduler.queues.get(ctx.context_id, []))
+        return ctx.num_tokens + queued
+
+    def _enqueue(self, job: Job, req: object) -> None:
+        self.scheduler.add(job)
+        self._cv.notify_all()
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                plan = self._next_plan()
+                if plan is None:
+                    return
+                seqs = self.runner.row_order(plan)
+                self.cache.copy_blocks(plan.block_copies)
+            t0 = time.perf_counter()
+            try:
+                tokens, logprobs = self.runner.run(seqs)
+            except Exception as exc:  # a bug or OOM in the model: fail the step's jobs, keep serving
+                log.exception("engine step failed")
+                with self._cv:
+                    for s in seqs:
+                        self._abort(s.job, ParrotError(f"engine step failed: {exc}", status=500))
+                continue
+            elapsed = time.perf_counter() - t0
+            with self._cv:
+                self._apply(plan, seqs, tokens, logprobs, elapsed)
+
+    def _next_plan(self) -> StepPlan | None:
+        while True:
+            if self._stopping:
+                return None
+            if self.scheduler.has_work():
+                plan = self.scheduler.schedule()
+                for job, error in plan.failed:
+                    self._drop_new_context(job)
+                    job.emit(error)
+                if plan.seqs:
+                    return plan
+                if plan.failed:
+                    continue
+            self._cv.wait()
+
+    def _apply(self, plan: StepPlan, seqs: list, tokens: list[int], logprobs: list[float], elapsed: float) -> None:
+        self._num_steps += 1
+        sampled = iter(zip(tokens, logprobs, strict=True))
+        num_decode = 0
+        for s in seqs:
+            job, ctx = s.job, self.contexts.get(s.job.context_id)
+            ctx.num_computed += s.num_new
+            if job.kind is JobKind.FILL:
+                job.num_filled += s.num_new
+                self._num_prefill_tokens += s.num_new
+            elif s.num_new > 1 or not s.sample:
+                self._num_prefill_tokens += s.num_new
+            if s.sample:
+                num_decode += 1
+                token, logprob = next(sampled)
+                event = accept_token(job, ctx, token, logprob, self.eos_ids, self.max_model_len)
+                if event.finish_reason is not None:
+                    self.scheduler.finish(job)
+                job.emit(event)
+        for s in plan.seqs:  # fills that reached their target (including empty ones)
+            job = s.job
+            if job.kind is JobKind.FILL and not job.finished:
+                ctx = self.contexts.get(job.context_id)
+                if ctx.num_computed >= job.target:
+                    self.scheduler.finish(job)
+                    job.emit(FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens,
+                                        num_filled_tokens=job.num_filled))
+        if num_decode:
+            self._num_decode_tokens += num_decode
+            ms = elapsed * 1000.0
+            self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
+
+    def _abort(self, job: Job, error: ParrotError) -> None:
+        if not job.finished:
+            self.scheduler.finish(job)
+            job.emit(error)
+
+    def _drop_new_context(self, job: Job) -> None:
+        ctx = self.contexts.contexts.get(job.context_id)
+        if ctx is not None and not ctx.tokens and not ctx.block_table and not self.scheduler.busy(job.context_id):
+            del self.contexts.contexts[job.context_id]
+
+
+__all__ = ["LLMEngine", "TokenEvent"]

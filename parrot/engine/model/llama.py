@@ -1,0 +1,115 @@
+"""LLaMA-family decoder (LLaMA, Mistral, Qwen2-style QKV bias) over a flat batch of tokens.
+
+The model sees one flat row per new token of the step: [N, hidden]. Attention is not its business:
+it calls `attend(layer, q, k, v)`, which the engine's attention backend provides (it owns the KV
+cache writes and reads). This file imports only torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parrot.engine.model.config import ModelConfig
+from parrot.engine.model.rope import apply_rope, cos_sin_table, inv_freq
+
+# attend(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq * D]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics, as the reference implementation, so fp32 runs are bit-identical.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.o = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.splits = (q_dim, kv_dim, kv_dim)
+
+    def forward(
+        self, idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
+        cfg, n = self.cfg, x.shape[0]
+        q, k, v = self.qkv(self.input_norm(x)).split(self.splits, dim=-1)
+        q = apply_rope(q.view(n, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = apply_rope(k.view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
+        x = x + self.o(attend(idx, q, k, v))
+        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = cos_sin_table(
+            cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        )
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """input_ids, positions [N] -> final-normed hidden states [N, hidden]."""
+        x = self.embed(input_ids)
+        cos = self.cos[positions].to(x.dtype).unsqueeze(1)
+        sin = self.sin[positions].to(x.dtype).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            x = layer(i, x, cos, sin, attend)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> float32 logits [n, vocab]."""
+        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w).float()
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load Hugging Face LLaMA names, fusing q/k/v and gate/up into single matmuls."""
+        dtype = self.embed.weight.dtype
+
+        def take(name: str) -> torch.Tensor:
+            if name not in tensors:
+                raise KeyError(f"weight {name!r} missing from checkpoint")
+            return tensors[name].to(dtype)
+
+        self.embed.weight.copy_(take("model.embed_tokens.weight"))
+        self.norm.weight.copy_(take("model.norm.weight"))
+        if self.lm_head is not None:
+            name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+            self.lm_head.weight.copy_(take(name))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            layer.qkv.weight.copy_(torch.cat(attn))
+            if layer.qkv.bias is not None:
+                layer.qkv.bias.copy_(torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"]))
+            layer.o.weight.copy_(take(f"{p}self_attn.o_proj.weight"))
+            layer.gate_up.weight.copy_(torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]))
+            layer.down.weight.copy_(take(f"{p}mlp.down_proj.weight"))
+            layer.input_norm.weight.copy_(take(f"{p}input_layernorm.weight"))
+            layer.post_attn_norm.weight.copy_(take(f"{p}post_attention_layernorm.weight"))

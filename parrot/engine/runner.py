@@ -1,0 +1,65 @@
+"""The model runner: turns a step plan into one forward pass and samples the chosen rows.
+
+Owned by the engine loop thread. Step metadata (ids, positions, KV slots, attention metadata) is
+built once per step from plain lists, then copied to tensors once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parrot.engine.attention.base import PagedAttention, SeqSpec
+from parrot.engine.kv.cache import KVCache
+from parrot.engine.kv.context import ContextTable
+from parrot.engine.model.llama import LlamaModel
+from parrot.engine.sampler import SampleRow, sample
+from parrot.engine.sched.job import ScheduledSeq, StepPlan
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cache: KVCache, backend: PagedAttention, contexts: ContextTable) -> None:
+        self.model = model
+        self.cache = cache
+        self.backend = backend
+        self.contexts = contexts
+        self.block_size = cache.block_size
+
+    def row_order(self, plan: StepPlan) -> list[ScheduledSeq]:
+        """The plan's computing sequences, decodes (one token after cached ones) first."""
+        seqs = [s for s in plan.seqs if s.num_new > 0]
+        return sorted(seqs, key=lambda s: not (s.num_new == 1 and self.contexts.get(s.job.context_id).num_computed))
+
+    @torch.inference_mode()
+    def run(self, seqs: list[ScheduledSeq]) -> tuple[list[int], list[float]]:
+        """Compute `seqs` (in row order); returns (token, logprob) for each seq with `sample`."""
+        if not seqs:
+            return [], []
+        bs = self.block_size
+        ids: list[int] = []
+        specs: list[SeqSpec] = []
+        pos_parts, slot_parts = [], []
+        sample_rows: list[int] = []
+        rows: list[SampleRow] = []
+        row = 0
+        for s in seqs:
+            ctx = self.contexts.get(s.job.context_id)
+            start, end = ctx.num_computed, ctx.num_computed + s.num_new
+            ids.extend(ctx.tokens[start:end])
+            pos = torch.arange(start, end)
+            table = torch.tensor(ctx.block_table, dtype=torch.long)
+            pos_parts.append(pos)
+            slot_parts.append(table[pos // bs] * bs + pos % bs)
+            specs.append(SeqSpec(s.num_new, end, ctx.block_table))
+            row += s.num_new
+            if s.sample:
+                assert s.job.sample_row is not None
+                sample_rows.append(row - 1)
+                rows.append(s.job.sample_row)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        positions = torch.cat(pos_parts)
+        self.backend.prepare(specs, torch.cat(slot_parts))
+        hidden = self.model(input_ids, positions, self.backend.forward)
+        if not sample_rows:
+            return [], []
+        logits = self.model.logits(hidden[torch.tensor(sample_rows)])
+        return sample(logits, rows)

@@ -1,0 +1,62 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+One pass over the batch's logits [B, V], no Python loop over the vocabulary. Sampling is by inverse
+CDF with one uniform number per row drawn from that request's own generator, so a seeded request
+gives the same tokens whatever it is batched with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parrot.protocol.sampling import SamplingParams
+
+
+@dataclass
+class SampleRow:
+    params: SamplingParams
+    generator: torch.Generator | None  # per request; None for greedy
+
+
+def new_generator(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    gen = torch.Generator()
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    return gen
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
+    """logits [B, V] float32 -> chosen token ids and their log-probabilities under the model."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logits.argmax(dim=-1)
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if sampled:
+        idx = torch.tensor(sampled)
+        chosen[idx] = _sample_rows(logits[idx], [rows[i] for i in sampled])
+    picked = logprobs.gather(1, chosen[:, None]).squeeze(1)
+    return chosen.tolist(), picked.tolist()
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)[:, None]
+    probs = torch.softmax(logits / temps, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    # top-k: keep the first k of the sorted row (0 = all).
+    ks = torch.tensor([r.params.top_k or vocab for r in rows])[:, None]
+    keep = torch.arange(vocab)[None, :] < ks
+    # top-p: keep the smallest head whose mass reaches p (the first token always stays).
+    ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)[:, None]
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep &= before < ps
+    kept = sorted_probs * keep
+    cdf = kept.cumsum(dim=-1)
+    u = torch.cat([torch.rand(1, generator=r.generator) for r in rows])[:, None] * cdf[:, -1:]
+    pos = torch.searchsorted(cdf, u).clamp_(max=vocab - 1)
+    return order.gather(1, pos).squeeze(1)

@@ -1,0 +1,77 @@
+"""A job: one Fill or Generate request in the engine, with its progress and its event sink."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from parrot.engine.sampler import SampleRow
+from parrot.protocol.engine_api import FillResult, TokenEvent
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
+from parrot.protocol.sampling import SamplingParams
+from parrot.text.tokenizer import IncrementalDecoder
+
+# What a sink receives: token events of a generation, the result of a fill, or an error. The
+# last item of every job is a FillResult, a TokenEvent with finish_reason, or a ParrotError.
+JobEvent = TokenEvent | FillResult | ParrotError
+Sink = Callable[[JobEvent], None]
+
+
+class JobKind(enum.Enum):
+    FILL = "fill"
+    GENERATE = "generate"
+
+
+@dataclass(eq=False)
+class Job:
+    job_id: int
+    kind: JobKind
+    context_id: str
+    sink: Sink
+    objective: Objective
+    priority: int
+    arrival: float
+    fork_from: str | None = None  # parent to fork from when the job starts (new context)
+    token_ids: list[int] = field(default_factory=list)  # fill tokens
+    sampling: SamplingParams | None = None
+    # progress
+    started: bool = False
+    target: int = 0  # fill: compute up to this many tokens
+    num_filled: int = 0
+    num_generated: int = 0
+    sample_row: SampleRow | None = None
+    decoder: IncrementalDecoder | None = None
+    stop_window: str = ""  # recent text kept to catch stop strings across token boundaries
+    finished: bool = False
+
+    def emit(self, event: JobEvent) -> None:
+        self.sink(event)
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One job's share of a step: compute `num_new` tokens; sample after them if `sample`."""
+
+    job: Job
+    num_new: int
+    sample: bool
+
+
+@dataclass
+class StepPlan:
+    seqs: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
+    block_copies: list = field(default_factory=list)
+    preempted: list[Job] = field(default_factory=list)
+    failed: list[tuple[Job, ParrotError]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.seqs)
+
+
+def generator_state(job: Job) -> torch.Generator | None:
+    return job.sample_row.generator if job.sample_row else None

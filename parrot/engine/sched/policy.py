@@ -1,0 +1,41 @@
+"""Ordering policies: which jobs a step serves first. A registry maps config names to strategies.
+
+A policy returns a sort key; smaller keys are served first and preempted last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from parrot.engine.sched.job import Job
+from parrot.protocol.objective import Objective
+
+OrderKey = Callable[[Job, float], tuple]
+
+
+def fcfs(job: Job, now: float) -> tuple:
+    return (job.arrival, job.job_id)
+
+
+def make_priority(aging_s: float) -> OrderKey:
+    """Latency-critical work first, then by priority, then by arrival.
+
+    Aging: a job that has waited `aging_s` joins the front tier, so a stream of latency-critical
+    or high-priority work never starves it.
+    """
+
+    def key(job: Job, now: float) -> tuple:
+        front = job.objective == Objective.LATENCY or now - job.arrival >= aging_s
+        return (0 if front else 1, -job.priority, job.arrival, job.job_id)
+
+    return key
+
+
+def get_policy(name: str, aging_s: float) -> OrderKey:
+    policies: dict[str, Callable[[], OrderKey]] = {
+        "fcfs": lambda: fcfs,
+        "priority": lambda: make_priority(aging_s),
+    }
+    if name not in policies:
+        raise ValueError(f"unknown scheduling policy {name!r}; known: {sorted(policies)}")
+    return policies[name]()

@@ -1,0 +1,190 @@
+"""The engine's batch scheduler: which jobs run in the next step, and how many tokens each.
+
+Owned by the engine loop thread (callers hold the engine lock). A step spends a token budget:
+running jobs first in policy order (a decode costs one token, a fill or a prompt a chunk), then
+waiting jobs whose dependencies are met. When the KV pool runs out, the job ranked last is
+preempted (its unshared blocks freed; it recomputes later). `schedule` only plans and reserves
+blocks; `LLMEngine` runs the plan and applies its results.
+"""
+
+from __future__ import annotations
+
+import time
+
+from parrot.engine.config import EngineConfig
+from parrot.engine.kv.block_pool import OutOfBlocks
+from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
+from parrot.engine.sched.policy import get_policy
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, contexts: ContextTable, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.contexts = contexts
+        self.order_key = get_policy(config.policy, config.aging_s)
+        self.waiting: list[Job] = []  # admitted, not started (or preempted)
+        self.running: list[Job] = []  # started: holds blocks, makes progress each step
+        self.queues: dict[str, list[Job]] = {}  # per context: its jobs in submission order
+
+    # ---- admission --------------------------------------------------------------------------
+    def add(self, job: Job) -> None:
+        self.queues.setdefault(job.context_id, []).append(job)
+        self.waiting.append(job)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def busy(self, context_id: str) -> bool:
+        """True while the context has jobs, or a pending fork reads it."""
+        if self.queues.get(context_id):
+            return True
+        return any(j.fork_from == context_id and not j.started for j in self.waiting)
+
+    def _ready(self, job: Job) -> bool:
+        queue = self.queues[job.context_id]
+        if queue[0] is not job:
+            return False
+        return job.fork_from is None or not self.queues.get(job.fork_from)
+
+    # ---- planning ---------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        now = time.monotonic()
+        plan = StepPlan()
+        budget = self._token_budget()
+        self.running.sort(key=lambda j: self.order_key(j, now))
+        # Decodes first (one token each), then chunks, both in policy order.
+        order = sorted(self.running, key=lambda j: self._need(j) > 1)
+        scheduled: set[int] = set()
+        for job in order:
+            if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget <= 0:
+                continue
+            n = min(self._need(job), budget)
+            if not self._reserve_or_preempt(job, n, plan, scheduled):
+                continue
+            plan.seqs.append(self._seq(job, n))
+            scheduled.add(job.job_id)
+            budget -= n
+        self._admit(plan, budget, now)
+        return plan
+
+    def _token_budget(self) -> int:
+        cap = self.config.latency_max_batched_tokens
+        jobs = self.running + self.waiting
+        if cap is not None and any(j.objective == Objective.LATENCY for j in jobs):
+            return min(cap, self.config.max_num_batched_tokens)
+        return self.config.max_num_batched_tokens
+
+    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+        self.waiting.sort(key=lambda j: self.order_key(j, now))
+        for job in list(self.waiting):
+            if budget <= 0 or len(plan.seqs) >= self.config.max_num_seqs:
+                return
+            if not self._ready(job):
+                continue
+            if not job.started:
+                error = self._start(job)
+                if error is not None:
+                    self._fail(job, error, plan)
+                    continue
+            need = self._need(job)
+            if need == 0:  # nothing to compute (e.g. an empty fill): done at once
+                self.waiting.remove(job)
+                self.running.append(job)
+                plan.seqs.append(ScheduledSeq(job, 0, False))
+                continue
+            n = min(need, budget)
+            ctx = self.contexts.get(job.context_id)
+            try:
+                plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
+            except OutOfBlocks:
+                if not self.running and not plan.seqs:
+                    # Nothing running will ever free blocks: idle contexts hold the pool.
+                    msg = "KV cache is full of idle contexts: free some contexts and retry"
+                    self._fail(job, ParrotError(msg, status=503), plan)
+                    continue
+                return  # wait for running work to free blocks; keep arrival order
+            self.waiting.remove(job)
+            self.running.append(job)
+            plan.seqs.append(self._seq(job, n))
+            budget -= n
+
+    def _start(self, job: Job) -> ParrotError | None:
+        """First admission: fork the context if asked, append the fill's tokens, set targets."""
+        ctx = self.contexts.get(job.context_id) if job.context_id in self.contexts else None
+        if job.fork_from is not None:
+            parent = self.contexts.contexts.get(job.fork_from)
+            if parent is None:
+                return ParrotError(f"parent context {job.fork_from!r} was freed", status=404, field="parent_context_id")
+            del self.contexts.contexts[job.context_id]  # the placeholder made at submission
+            ctx = self.contexts.create(job.context_id, parent)
+        assert ctx is not None
+        if job.kind is JobKind.FILL:
+            if len(ctx.tokens) + len(job.token_ids) > self.max_model_len:
+                return ParrotError(
+                    f"context would hold {len(ctx.tokens) + len(job.token_ids)} tokens, "
+                    f"more than the limit {self.max_model_len}",
+                    field="token_ids",
+                )
+            ctx.tokens.extend(job.token_ids)
+            # The last token stays uncomputed: a Generate (or a fork's fill) computes it and
+            # samples from its logits, so no hidden state is kept between requests.
+            job.target = max(ctx.num_computed, len(ctx.tokens) - 1)
+        elif not ctx.tokens:
+            return ParrotError("cannot generate from an empty context: fill it first", field="context_id")
+        job.started = True
+        return None
+
+    def _need(self, job: Job) -> int:
+        ctx = self.contexts.get(job.context_id)
+        if job.kind is JobKind.FILL:
+            return max(0, job.target - ctx.num_computed)
+        return len(ctx.tokens) - ctx.num_computed
+
+    def _seq(self, job: Job, n: int) -> ScheduledSeq:
+        ctx = self.contexts.get(job.context_id)
+        sample = job.kind is JobKind.GENERATE and ctx.num_computed + n == len(ctx.tokens)
+        return ScheduledSeq(job, n, sample)
+
+    def _reserve_or_preempt(self, job: Job, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
+        ctx = self.contexts.get(job.context_id)
+        while True:
+            try:
+                plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
+                return True
+            except OutOfBlocks:
+                victims = [j for j in self.running if j is not job and j.job_id not in scheduled]
+                if not victims:
+                    if not scheduled:
+                        msg = "KV cache is full of idle contexts: free some contexts and retry"
+                        self._fail(job, ParrotError(msg, status=503), plan)
+                    return False
+                self._preempt(victims[-1], plan)
+
+    def _preempt(self, job: Job, plan: StepPlan) -> None:
+        self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
+        self.running.remove(job)
+        self.waiting.append(job)
+        plan.preempted.append(job)
+
+    def _fail(self, job: Job, error: ParrotError, plan: StepPlan) -> None:
+        plan.failed.append((job, error))
+        self.finish(job)
+
+    # ---- completion -------------------------------------------------------------------------
+    def finish(self, job: Job) -> None:
+        job.finished = True
+        for pool in (self.running, self.waiting):
+            if job in pool:
+                pool.remove(job)
+        queue = self.queues.get(job.context_id)
+        if queue and job in queue:
+            queue.remove(job)
+            if not queue:
+                del self.queues[job.context_id]
+
+    def context_of(self, job: Job) -> Context:
+        return self.contexts.get(job.context_id)

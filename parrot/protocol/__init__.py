@@ -1,0 +1,31 @@
+"""Typed messages shared by every layer: sampling settings, objectives, engine API, public API.
+
+This package is the bottom layer: it imports pydantic and the standard library, nothing of parrot.
+"""
+
+from parrot.protocol.engine_api import (
+    ContextInfo,
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria, Objective
+from parrot.protocol.sampling import SamplingParams
+
+__all__ = [
+    "ContextInfo",
+    "Criteria",
+    "EngineStats",
+    "FillRequest",
+    "FillResult",
+    "FreeContextRequest",
+    "GenerateRequest",
+    "Objective",
+    "ParrotError",
+    "SamplingParams",
+    "TokenEvent",
+]

@@ -1,0 +1,88 @@
+"""Engine API messages: Fill / Generate / FreeContext and the stats an engine reports.
+
+A context is the engine-side KV state of one token sequence. A context forked from a parent shares
+the parent's KV blocks; the parent's tokens are the child's prefix.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from parrot.protocol.objective import Objective
+from parrot.protocol.sampling import SamplingParams
+
+ContextId = str
+_ID = Field(min_length=1, max_length=128)
+MAX_FILL_TOKENS = 1_000_000
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FillRequest(_Msg):
+    """Extend `context_id` with `token_ids`; a new context forks from `parent_context_id`."""
+
+    context_id: ContextId = _ID
+    token_ids: list[int] = Field(max_length=MAX_FILL_TOKENS)
+    parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
+    objective: Objective = Objective.LATENCY
+    priority: int = Field(default=0, ge=-1000, le=1000)
+
+
+class FillResult(_Msg):
+    context_id: ContextId
+    num_tokens: int  # the context's length after the fill, parent prefix included
+    num_filled_tokens: int  # tokens this fill computed
+
+
+class GenerateRequest(_Msg):
+    """Decode into `context_id` (created as a fork of `parent_context_id` if given)."""
+
+    context_id: ContextId = _ID
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
+    objective: Objective = Objective.LATENCY
+    priority: int = Field(default=0, ge=-1000, le=1000)
+
+
+class TokenEvent(_Msg):
+    """One streamed step of a generation. The last event has `finish_reason` set.
+
+    `text` is the new text this token completes (possibly empty while a multi-byte character is
+    incomplete); on a stop-string finish, the stop string and what follows are not in any text.
+    """
+
+    token_id: int | None
+    logprob: float | None = None
+    text: str = ""
+    finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted"
+    error: str | None = None
+
+
+class FreeContextRequest(_Msg):
+    context_id: ContextId = _ID
+
+
+class ContextInfo(_Msg):
+    context_id: ContextId
+    parent_context_id: ContextId | None
+    num_tokens: int
+    num_blocks: int
+
+
+class EngineStats(_Msg):
+    """What an engine holds and how fast it runs; the manager's scheduler reads this."""
+
+    model: str
+    max_model_len: int
+    block_size: int
+    num_blocks_total: int
+    num_blocks_free: int
+    num_contexts: int
+    num_running: int
+    num_waiting: int
+    recent_time_per_output_token_ms: float
+    num_steps: int
+    num_prefill_tokens: int  # total tokens computed by fills since start
+    num_decode_tokens: int  # total tokens generated since start

@@ -1,0 +1,5 @@
+"""Text utilities shared by the manager and the engine: tokenizer and chat template (no torch)."""
+
+from parrot.text.tokenizer import IncrementalDecoder, Tokenizer
+
+__all__ = ["IncrementalDecoder", "Tokenizer"]

@@ -1,0 +1,105 @@
+"""The model's tokenizer (Hugging Face `tokenizer.json`) and its own chat template.
+
+Owned by whoever loads a model folder; immutable after load, so one instance may be shared by
+threads (the `tokenizers` library releases the GIL while encoding).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        self._tok = _HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.vocab_size = self._tok.get_vocab_size()
+        template = cfg.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        self._chat_template = None
+        if template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._chat_template = env.from_string(template)
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids, with no special tokens added (the prompt structure is ours)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._chat_template is not None
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render chat messages with the model's own template (as transformers would)."""
+        if self._chat_template is None:
+            # A model without a template: a plain transcript is the honest fallback.
+            lines = [f"{m['role']}: {m['content']}" for m in messages]
+            return "\n".join(lines) + ("\nassistant:" if add_generation_prompt else "")
+        return self._chat_template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+
+def _token_text(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return str(tok.get("content"))
+    return None if tok is None else str(tok)
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas without re-decoding everything.
+
+    Holds back text while the tail is an incomplete UTF-8 sequence (decoded as U+FFFD).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # ids before this index are settled text
+        self._read_offset = 0  # text of ids[prefix_offset:read_offset] was already emitted
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
+        full = decode(self._ids[self._prefix_offset :], self._skip)
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self.text += delta
+        return delta
