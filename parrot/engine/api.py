@@ -7,7 +7,8 @@
     engine.stop()
 
 Methods raise ParrotError for bad requests before anything changes. `generate` yields TokenEvents;
-the last one has `finish_reason`. A caller that stops iterating early leaves the generation
+the last one has `finish_reason`; an error before the first token raises ParrotError, one after it
+ends the stream with finish_reason "error". A caller that stops iterating early leaves the generation
 running to its end (its tokens stay in the context); events are then discarded.
 """
 
@@ -74,11 +75,15 @@ class AsyncEngine:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         queue, sink = self._channel()
         self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
+        started = False
         while True:
             event = await queue.get()
             if isinstance(event, ParrotError):
+                if not started:
+                    raise event  # nothing was produced: the caller sees the error with its status
                 yield TokenEvent(token_id=None, finish_reason="error", error=event.message)
                 return
+            started = True
             assert isinstance(event, TokenEvent)
             yield event
             if event.finish_reason is not None:

@@ -26,6 +26,7 @@ class Context:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     freed: bool = False
+    last_used: float = 0.0  # monotonic time its last job ended (reclaim order of idle contexts)
 
     @property
     def num_tokens(self) -> int:
@@ -92,7 +93,7 @@ class ContextTable:
         fresh = self.pool.allocate(n_new)
         if ctx.num_computed % self.block_size and self._shared_tail(ctx):
             idx = ctx.num_computed // self.block_size
-            dst = fresh.pop()
+            dst = fresh.pop(0)
             copies.append(BlockCopy(ctx.block_table[idx], dst, ctx.num_computed % self.block_size))
             self.pool.decref([ctx.block_table[idx]])
             ctx.block_table[idx] = dst

@@ -58,17 +58,17 @@ class Scheduler:
         self.running.sort(key=lambda j: self.order_key(j, now))
         # Decodes first (one token each), then chunks, both in policy order.
         order = sorted(self.running, key=lambda j: self._need(j) > 1)
-        scheduled: set[int] = set()
+        protected: set[str] = set()
         for job in order:
             if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget <= 0:
                 continue
             n = min(self._need(job), budget)
-            if not self._reserve_or_preempt(job, n, plan, scheduled):
+            if not self._reserve(job, n, plan, protected, may_preempt=True):
                 continue
             plan.seqs.append(self._seq(job, n))
-            scheduled.add(job.job_id)
+            protected.add(job.context_id)
             budget -= n
-        self._admit(plan, budget, now)
+        self._admit(plan, budget, now, protected)
         return plan
 
     def _token_budget(self) -> int:
@@ -78,50 +78,37 @@ class Scheduler:
             return min(cap, self.config.max_num_batched_tokens)
         return self.config.max_num_batched_tokens
 
-    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+    def _admit(self, plan: StepPlan, budget: int, now: float, protected: set[str]) -> None:
         self.waiting.sort(key=lambda j: self.order_key(j, now))
         for job in list(self.waiting):
             if budget <= 0 or len(plan.seqs) >= self.config.max_num_seqs:
                 return
-            if not self._ready(job):
+            if job not in self.waiting or not self._ready(job):
                 continue
             if not job.started:
                 error = self._start(job)
                 if error is not None:
                     self._fail(job, error, plan)
                     continue
-            need = self._need(job)
-            if need == 0:  # nothing to compute (e.g. an empty fill): done at once
-                self.waiting.remove(job)
-                self.running.append(job)
-                plan.seqs.append(ScheduledSeq(job, 0, False))
-                continue
-            n = min(need, budget)
-            ctx = self.contexts.get(job.context_id)
-            try:
-                plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
-            except OutOfBlocks:
-                if not self.running and not plan.seqs:
-                    # Nothing running will ever free blocks: idle contexts hold the pool.
-                    msg = "KV cache is full of idle contexts: free some contexts and retry"
-                    self._fail(job, ParrotError(msg, status=503), plan)
-                    continue
-                return  # wait for running work to free blocks; keep arrival order
+            n = min(self._need(job), budget)
+            if n and not self._reserve(job, n, plan, protected, may_preempt=False):
+                return  # wait for running work to free blocks; keep the order
             self.waiting.remove(job)
             self.running.append(job)
-            plan.seqs.append(self._seq(job, n))
+            plan.seqs.append(self._seq(job, n))  # n == 0: nothing to compute, done this step
+            protected.add(job.context_id)
             budget -= n
 
     def _start(self, job: Job) -> ParrotError | None:
         """First admission: fork the context if asked, append the fill's tokens, set targets."""
-        ctx = self.contexts.get(job.context_id) if job.context_id in self.contexts else None
+        ctx = self.contexts.get(job.context_id)
         if job.fork_from is not None:
             parent = self.contexts.contexts.get(job.fork_from)
             if parent is None:
                 return ParrotError(f"parent context {job.fork_from!r} was freed", status=404, field="parent_context_id")
             del self.contexts.contexts[job.context_id]  # the placeholder made at submission
             ctx = self.contexts.create(job.context_id, parent)
-        assert ctx is not None
+            job.fork_from = None
         if job.kind is JobKind.FILL:
             if len(ctx.tokens) + len(job.token_ids) > self.max_model_len:
                 return ParrotError(
@@ -149,20 +136,47 @@ class Scheduler:
         sample = job.kind is JobKind.GENERATE and ctx.num_computed + n == len(ctx.tokens)
         return ScheduledSeq(job, n, sample)
 
-    def _reserve_or_preempt(self, job: Job, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
+    def _reserve(self, job: Job, n: int, plan: StepPlan, protected: set[str], may_preempt: bool) -> bool:
+        """Reserve blocks for `n` more tokens of `job`, reclaiming others' blocks if needed.
+
+        Reclaim order: idle contexts (least recently used first), then contexts of waiting jobs
+        (lowest ranked first), then, if `may_preempt`, running jobs ranked below this one. A
+        reclaimed context keeps its tokens and the blocks other contexts share; the rest of its
+        KV is recomputed when it is next used. A job that cannot fit even then fails.
+        """
         ctx = self.contexts.get(job.context_id)
+        keep = protected | {job.context_id}
         while True:
             try:
                 plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
                 return True
             except OutOfBlocks:
-                victims = [j for j in self.running if j is not job and j.job_id not in scheduled]
-                if not victims:
-                    if not scheduled:
-                        msg = "KV cache is full of idle contexts: free some contexts and retry"
-                        self._fail(job, ParrotError(msg, status=503), plan)
-                    return False
-                self._preempt(victims[-1], plan)
+                if self._reclaim(keep, plan, job if may_preempt else None):
+                    continue
+                if not plan.seqs and (may_preempt or not self.running):
+                    msg = f"the KV cache ({self.contexts.pool.num_blocks} blocks) cannot hold this context"
+                    self._fail(job, ParrotError(msg, status=503), plan)
+                return False
+
+    def _reclaim(self, keep: set[str], plan: StepPlan, preempt_below: Job | None) -> bool:
+        busy = set(self.queues)
+        idle = [c for c in self.contexts.contexts.values() if c.context_id not in busy and c.context_id not in keep]
+        idle.sort(key=lambda c: c.last_used)
+        for c in idle:
+            if self.contexts.truncate_to_shared(c):
+                return True
+        for j in reversed(self.waiting):
+            if j.context_id not in keep and j.context_id in self.contexts:
+                if self.contexts.truncate_to_shared(self.contexts.get(j.context_id)):
+                    return True
+        if preempt_below is not None:
+            for j in reversed(self.running):
+                if j is preempt_below:
+                    break
+                if j.context_id not in keep:
+                    self._preempt(j, plan)
+                    return True
+        return False
 
     def _preempt(self, job: Job, plan: StepPlan) -> None:
         self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
@@ -177,6 +191,8 @@ class Scheduler:
     # ---- completion -------------------------------------------------------------------------
     def finish(self, job: Job) -> None:
         job.finished = True
+        if job.context_id in self.contexts:
+            self.contexts.get(job.context_id).last_used = time.monotonic()
         for pool in (self.running, self.waiting):
             if job in pool:
                 pool.remove(job)

@@ -1,0 +1,220 @@
+"""Shared-prefix ("cascade") decode attention: the step's prefix groups, and the CPU kernel.
+
+Contexts forked from one parent list the parent's full KV blocks by the same physical ids, so the
+decode rows of a step that share a prefix are found from their block tables alone, once per step:
+`plan_shared_prefixes` builds a trie over block ids and returns `Segment`s (rows that share exactly
+those blocks; nested, e.g. a system prompt shared by all rows and a document shared by some) and
+each row's private tail (the blocks no segment covers, the newest token's block last).
+
+`cascade_decode` then attends each segment once for all its rows (the G query heads of each KV
+head times the segment's rows are the query rows of one attention over the un-repeated prefix KV),
+each row's tail per row (gathered, padded, masked, as `PagedAttention.decode`), and merges the
+partial outputs exactly with their log-sum-exp in float32. Attention is a sum over key slots, so
+splitting a row's slots into disjoint sets and merging is exact up to rounding.
+
+Ownership: plans and `CascadeMeta` are built by the attention backend in `prepare` and are valid
+for that one step only (block tables change between steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class GroupingConfig:
+    """When a shared run of blocks becomes a segment (below it, the tokens stay per row)."""
+
+    min_group_size: int = 2  # rows that must share the blocks
+    min_shared_tokens: int = 256  # tokens the shared blocks must hold
+
+    def __post_init__(self) -> None:
+        if self.min_group_size < 2:
+            raise ValueError(f"min_group_size must be >= 2, got {self.min_group_size}")
+        if self.min_shared_tokens < 1:
+            raise ValueError(f"min_shared_tokens must be >= 1, got {self.min_shared_tokens}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Decode rows `rows` (ascending) all attend to the `num_tokens` slots of `block_ids`."""
+
+    rows: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class SharedPrefixPlan:
+    segments: tuple[Segment, ...]  # parents before children (trie preorder)
+    tail_tables: np.ndarray  # [B, max_tail_blocks] int64: each row's unshared blocks, -1 padded
+    tail_lens: np.ndarray  # [B] int64: slots each row reads from its tail (always >= 1)
+
+    def tail(self, row: int) -> tuple[list[int], int]:
+        """(block ids, num slots) of one row's tail."""
+        ids = self.tail_tables[row]
+        return ids[ids >= 0].tolist(), int(self.tail_lens[row])
+
+
+def plan_shared_prefixes(
+    block_tables: Sequence[Sequence[int]],
+    seq_lens: Sequence[int],
+    block_size: int,
+    config: GroupingConfig | None = None,
+) -> SharedPrefixPlan:
+    """Group decode rows by the leading block ids they share (a trie, walked once per step).
+
+    Row i attends to slots [0, seq_lens[i]) through block_tables[i]. Only blocks wholly before a
+    row's newest token can be shared: that token's block is written this step, so it is private
+    (copy-on-write) and every tail keeps at least one slot. A trie node whose rows number at least
+    `min_group_size` becomes a segment once the blocks not yet assigned on its path (its own, plus
+    those of ancestors too short to pay) hold at least `min_shared_tokens`; otherwise they are
+    carried down to its children, and to the rows' tails where the path ends.
+    """
+    cfg = config or GroupingConfig()
+    bs = block_size
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    num_rows = len(lens)
+    num_blocks = -(-lens // bs)
+    num_full = (lens - 1) // bs
+    width = int(num_blocks.max(initial=0))
+    tables = np.zeros((num_rows, width), dtype=np.int64)
+    for i, table in enumerate(block_tables):
+        tables[i, : num_blocks[i]] = table[: num_blocks[i]]
+    cols = np.arange(width)
+    keys = np.where(cols < num_full[:, None], tables, -1)  # -1: not shareable
+    shared = np.zeros((num_rows, width), dtype=bool)
+    segments: list[Segment] = []
+    # (rows, column where their common run starts, first column not yet given to a segment)
+    stack = [(np.arange(num_rows), 0, 0)]
+    while stack:
+        rows, start, pending = stack.pop()
+        if len(rows) < cfg.min_group_size:
+            continue  # fewer rows only below: the pending blocks stay in the tails
+        sub = keys[rows, start:]
+        same = (sub == sub[0]).all(axis=0) & (sub[0] >= 0)
+        end = start + (int(same.argmin()) if not same.all() else len(same))
+        if end > pending and (end - pending) * bs >= cfg.min_shared_tokens:
+            segments.append(Segment(tuple(rows.tolist()), tuple(keys[rows[0], pending:end].tolist()), (end - pending) * bs))
+            shared[rows, pending:end] = True
+            pending = end
+        if end < width:
+            nxt = keys[rows, end]
+            for block in np.unique(nxt[nxt >= 0])[::-1]:  # reversed: children pop in ascending order
+                stack.append((rows[nxt == block], end, pending))
+    # Tails: the unshared blocks in table order (stable sort), so only the last one is partial.
+    excluded = shared | (cols >= num_blocks[:, None])
+    order = np.argsort(excluded, axis=1, kind="stable")
+    num_tail = width - excluded.sum(axis=1)
+    tail_width = int(num_tail.max(initial=0))
+    tail_tables = np.take_along_axis(tables, order, axis=1)[:, :tail_width]
+    tail_tables[np.arange(tail_width) >= num_tail[:, None]] = -1
+    tail_lens = lens - shared.sum(axis=1) * bs
+    return SharedPrefixPlan(tuple(segments), tail_tables, tail_lens)
+
+
+# ---- the CPU kernel ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CascadeMeta:
+    """One step's tensors for `cascade_decode`, built once from a plan."""
+
+    seg_rows: list[torch.Tensor]  # per segment: [r] long, its decode rows
+    seg_blocks: list[slice | torch.Tensor]  # per segment: its blocks (a slice when ids are consecutive)
+    tail_tables: torch.Tensor  # [B, nt] long, padding points at block 0 (masked)
+    tail_mask: torch.Tensor  # [B, 1, 1, nt * bs] additive: 0 where the slot is the row's, -inf elsewhere
+    entry_rows: torch.Tensor  # [E] long: the row of each partial (tails 0..B-1, then segments' rows)
+
+    @classmethod
+    def build(cls, plan: SharedPrefixPlan, block_size: int, dtype: torch.dtype) -> CascadeMeta:
+        seg_rows = [torch.tensor(s.rows, dtype=torch.long) for s in plan.segments]
+        seg_blocks = [_as_index(s.block_ids) for s in plan.segments]
+        tail_tables = torch.from_numpy(np.maximum(plan.tail_tables, 0))
+        slots = torch.arange(tail_tables.shape[1] * block_size)
+        valid = slots[None, :] < torch.from_numpy(plan.tail_lens)[:, None]
+        tail_mask = torch.zeros(valid.shape, dtype=dtype).masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        entry_rows = torch.cat([torch.arange(len(plan.tail_lens)), *seg_rows])
+        return cls(seg_rows, seg_blocks, tail_tables, tail_mask, entry_rows)
+
+
+def _as_index(block_ids: tuple[int, ...]) -> slice | torch.Tensor:
+    """Consecutive ids (a fresh fill's usual layout) index the cache as a view: no gather copy."""
+    first, n = block_ids[0], len(block_ids)
+    if block_ids[-1] == first + n - 1 and all(b == first + i for i, b in enumerate(block_ids)):
+        return slice(first, first + n)
+    return torch.tensor(block_ids, dtype=torch.long)
+
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def attend_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, H, M, D], k/v [n, H, L, D], additive mask [n, 1, 1, L] or None ->
+    (out [n, H, M, D] in q's dtype, natural-log log-sum-exp of the scaled scores [n, H, M] fp32).
+
+    On the CPU this is the fused flash kernel SDPA itself uses (fp32 accumulation, AMX for bf16),
+    which also returns the log-sum-exp; elsewhere, plain fp32 math.
+    """
+    if q.device.type == "cpu" and _FLASH_CPU is not None:
+        out, lse = _FLASH_CPU(q, k, v, attn_mask=mask, scale=scale)
+        return out, lse
+    return attend_with_lse_math(q, k, v, mask, scale)
+
+
+def attend_with_lse_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attend_with_lse` in plain fp32 torch ops (any device; materialises the scores)."""
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+def merge_partials(out: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Exact combination of attentions over disjoint key sets, in float32.
+
+    out [E, Hkv, G, D], lse [E, Hkv, G]; entry e belongs to row rows[e] -> [num_rows, Hkv, G, D].
+    Row output = sum_e exp(lse_e - M) out_e / sum_e exp(lse_e - M), M the row's largest lse.
+    """
+    idx = rows.view(-1, 1, 1).expand_as(lse)
+    top = torch.full((num_rows, *lse.shape[1:]), float("-inf")).scatter_reduce_(0, idx, lse, "amax")
+    weight = torch.exp(lse - top[rows])  # [E, Hkv, G], 1 for each row's largest entry
+    num = torch.zeros(num_rows, *out.shape[1:]).index_add_(0, rows, out.float() * weight[..., None])
+    den = torch.zeros(num_rows, *lse.shape[1:]).index_add_(0, rows, weight)
+    return num / den[..., None]
+
+
+def cascade_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: CascadeMeta, scale: float
+) -> torch.Tensor:
+    """q [B, Hq, D], k/v_cache [num_blocks, bs, Hkv, D] (one layer) -> [B, Hq * D] in q's dtype."""
+    b, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    g = hq // hkv
+    qg = q.view(b, hkv, g, d)
+    # Tails, one row each: [B, nt, bs, Hkv, D] -> [B, Hkv, nt * bs, D].
+    keys = k_cache[meta.tail_tables].flatten(1, 2).transpose(1, 2)
+    vals = v_cache[meta.tail_tables].flatten(1, 2).transpose(1, 2)
+    tail_out, tail_lse = attend_with_lse(qg, keys, vals, meta.tail_mask, scale)
+    outs, lses = [tail_out], [tail_lse]
+    for rows, blocks in zip(meta.seg_rows, meta.seg_blocks, strict=True):
+        # The prefix KV, read once for all r rows: [nb, bs, Hkv, D] -> [1, Hkv, L, D].
+        kp = k_cache[blocks].flatten(0, 1).transpose(0, 1)[None]
+        vp = v_cache[blocks].flatten(0, 1).transpose(0, 1)[None]
+        r = rows.shape[0]
+        # [r, Hkv, G, D] -> [1, Hkv, r * G, D]: query rows ordered (row, g).
+        qs = qg[rows].transpose(0, 1).reshape(1, hkv, r * g, d)
+        o, lse = attend_with_lse(qs, kp, vp, None, scale)
+        outs.append(o.view(hkv, r, g, d).transpose(0, 1))
+        lses.append(lse.view(hkv, r, g).transpose(0, 1))
+    merged = merge_partials(torch.cat(outs), torch.cat(lses), meta.entry_rows, b)
+    return merged.to(q.dtype).reshape(b, hq * d)

@@ -1,0 +1,112 @@
+"""Shared-prefix attention backends: `PagedAttention` with cascade decode rows.
+
+`SharedPrefixAttention` ("shared_prefix", CPU) groups the step's decode rows by shared prefix
+blocks once per step (`prepare_decode`) and, when some group pays (at least `min_group_size` rows
+sharing at least `min_shared_tokens` tokens), attends each shared prefix once for the whole group
+(`cascade_decode`); otherwise it is exactly the per-context path. Prefill rows are untouched.
+
+`TritonSharedPrefixAttention` ("triton_shared_prefix") runs the same plan with the Triton kernels
+of `triton_kernels.py`; it needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` (tests).
+
+Both own their step metadata (`cascade`, `triton_meta`), valid until the next `prepare`.
+Importing this module registers both names in the attention registry.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parrot.engine.attention import triton_kernels
+from parrot.engine.attention.base import PagedAttention, SeqSpec
+from parrot.engine.attention.registry import register_backend
+from parrot.engine.attention.shared_prefix import (
+    CascadeMeta,
+    GroupingConfig,
+    SharedPrefixPlan,
+    cascade_decode,
+    plan_shared_prefixes,
+)
+from parrot.engine.kv.cache import KVCache
+
+
+class SharedPrefixAttention(PagedAttention):
+    name = "shared_prefix"
+
+    def __init__(
+        self,
+        cache: KVCache,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        grouping: GroupingConfig | None = None,
+    ) -> None:
+        super().__init__(cache, num_heads, num_kv_heads, head_dim)
+        self.grouping = grouping or GroupingConfig()
+        self.plan: SharedPrefixPlan | None = None  # None: this step decodes per context
+        self.cascade: CascadeMeta | None = None
+        self.num_shared_steps = 0  # steps that took the shared path (observability, tests)
+
+    def prepare_decode(self, seqs: list[SeqSpec]) -> None:
+        self.plan = self.cascade = None
+        if len(seqs) >= self.grouping.min_group_size:
+            plan = plan_shared_prefixes(
+                [s.block_table for s in seqs], [s.seq_len for s in seqs], self.cache.block_size, self.grouping
+            )
+            if plan.segments:
+                self.plan = plan
+                self.num_shared_steps += 1
+                self.prepare_shared(plan)
+                return
+        super().prepare_decode(seqs)
+
+    def prepare_shared(self, plan: SharedPrefixPlan) -> None:
+        self.cascade = CascadeMeta.build(plan, self.cache.block_size, self.cache.k.dtype)
+
+    def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.cascade is None:
+            return super().decode(layer, q)
+        return cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.cascade, self.scale)
+
+
+class TritonSharedPrefixAttention(SharedPrefixAttention):
+    name = "triton_shared_prefix"
+
+    def __init__(
+        self,
+        cache: KVCache,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        grouping: GroupingConfig | None = None,
+    ) -> None:
+        reason = triton_kernels.unavailable_reason(cache.k.device)
+        if reason is not None:
+            raise ValueError(f"attention backend {self.name!r}: {reason}; use 'shared_prefix' on the CPU")
+        super().__init__(cache, num_heads, num_kv_heads, head_dim, grouping)
+        self.triton_meta: triton_kernels.TritonCascadeMeta | None = None
+
+    def prepare_decode(self, seqs: list[SeqSpec]) -> None:
+        self.triton_meta = None
+        super().prepare_decode(seqs)
+        if seqs and self.plan is None:
+            # No group pays: the same kernels run as a plain paged decode (every row is a tail).
+            plan = plan_shared_prefixes(
+                [s.block_table for s in seqs], [s.seq_len for s in seqs], self.cache.block_size, _NEVER_GROUP
+            )
+            self.prepare_shared(plan)
+
+    def prepare_shared(self, plan: SharedPrefixPlan) -> None:
+        self.triton_meta = triton_kernels.TritonCascadeMeta.build(
+            plan, self.cache.block_size, self.num_groups, self.cache.k.device
+        )
+
+    def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        assert self.triton_meta is not None, "decode before prepare"
+        return triton_kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.triton_meta, self.scale)
+
+
+# A grouping no batch satisfies: every row attends its whole KV as its tail.
+_NEVER_GROUP = GroupingConfig(min_group_size=1 << 30, min_shared_tokens=1 << 30)
+
+register_backend(SharedPrefixAttention.name, SharedPrefixAttention)
+register_backend(TritonSharedPrefixAttention.name, TritonSharedPrefixAttention)

@@ -1,0 +1,19 @@
+"""Shared fixtures: the default model's folder (converted once) and a tiny random LLaMA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder, write_tiny_model
+
+
+@pytest.fixture(scope="session")
+def default_model_folder() -> Path:
+    return resolve_model_folder(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory, default_model_folder: Path) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_from=default_model_folder)

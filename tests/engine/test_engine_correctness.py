@@ -1,0 +1,150 @@
+"""The engine on a tiny random LLaMA (fp32): forks, batching and chunking never change tokens."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from parrot.engine import blocking
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def make_engine(folder: Path, **kw: object) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", **kw))  # type: ignore[arg-type]
+    engine.start()
+    return engine
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 40000) for _ in range(n)]
+
+
+def gen(engine: LLMEngine, ctx: str, sampling: SamplingParams = GREEDY, parent: str | None = None) -> list[int]:
+    events = blocking.generate(engine, GenerateRequest(context_id=ctx, parent_context_id=parent, sampling=sampling))
+    return blocking.token_ids(events)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_fork_then_suffix_equals_one_fill(tiny_model_folder: Path, block_size: int) -> None:
+    engine = make_engine(tiny_model_folder, block_size=block_size, num_blocks=4096)
+    try:
+        start_free = engine.stats().num_blocks_free
+        prefix, suffix = prompt(1, 37), prompt(2, 11)  # 37 is not a multiple of 16
+        blocking.fill(engine, FillRequest(context_id="whole", token_ids=prefix + suffix))
+        expected = gen(engine, "whole")
+        blocking.fill(engine, FillRequest(context_id="prefix", token_ids=prefix))
+        for i in range(3):  # several children of one parent, and a grandchild
+            blocking.fill(engine, FillRequest(context_id=f"child{i}", token_ids=suffix, parent_context_id="prefix"))
+            assert gen(engine, f"child{i}") == expected
+        blocking.fill(engine, FillRequest(context_id="mid", token_ids=suffix[:5], parent_context_id="prefix"))
+        blocking.fill(engine, FillRequest(context_id="leaf", token_ids=suffix[5:], parent_context_id="mid"))
+        assert gen(engine, "leaf") == expected
+        # Generate straight into a fork of a filled context.
+        blocking.fill(engine, FillRequest(context_id="full", token_ids=prefix + suffix))
+        assert gen(engine, "g", parent="full") == expected
+        assert gen(engine, "g2", parent="full") == expected
+        for cid in ["whole", "prefix", "child0", "child1", "child2", "mid", "leaf", "full", "g", "g2"]:
+            engine.free_context(FreeContextRequest(context_id=cid))
+        assert engine.stats().num_blocks_free == start_free
+        assert engine.stats().num_contexts == 0
+    finally:
+        engine.stop()
+
+
+def test_ragged_batch_equals_each_alone(tiny_model_folder: Path) -> None:
+    # A small step budget forces chunked prefill mixed with other contexts' decodes.
+    engine = make_engine(tiny_model_folder, block_size=16, max_num_batched_tokens=64)
+    try:
+        prompts = [prompt(10 + i, n) for i, n in enumerate([5, 130, 33, 1, 77, 16])]
+        alone = []
+        for i, p in enumerate(prompts):
+            blocking.fill(engine, FillRequest(context_id=f"a{i}", token_ids=p))
+            alone.append(gen(engine, f"a{i}"))
+        fills = [blocking.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p)) for i, p in enumerate(prompts)]
+        gens = [
+            blocking.submit_generate(engine, GenerateRequest(context_id=f"b{i}", sampling=GREEDY))
+            for i in range(len(prompts))
+        ]
+        for h in fills:
+            blocking.wait_fill(h)
+        together = [blocking.token_ids(blocking.wait_generate(h)) for h in gens]
+        assert together == alone
+        assert engine.stats().num_steps > 0
+    finally:
+        engine.stop()
+
+
+def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_folder: Path) -> None:
+    # 4 contexts of ~40 tokens + 12 new each need ~16 blocks of 16; give 9: some must be preempted.
+    engine = make_engine(tiny_model_folder, block_size=8, num_blocks=20)
+    try:
+        prompts = [prompt(30 + i, 40) for i in range(4)]
+        alone = []
+        for i, p in enumerate(prompts):
+            blocking.fill(engine, FillRequest(context_id=f"a{i}", token_ids=p))
+            alone.append(gen(engine, f"a{i}"))
+            engine.free_context(FreeContextRequest(context_id=f"a{i}"))
+        handles = []
+        for i, p in enumerate(prompts):
+            blocking.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p))
+            handles.append(blocking.submit_generate(engine, GenerateRequest(context_id=f"b{i}", sampling=GREEDY)))
+        assert [blocking.token_ids(blocking.wait_generate(h)) for h in handles] == alone
+    finally:
+        engine.stop()
+
+
+def test_seeded_sampling_is_reproducible_across_batches(tiny_model_folder: Path) -> None:
+    engine = make_engine(tiny_model_folder)
+    try:
+        p = prompt(5, 20)
+        params = SamplingParams(max_tokens=10, temperature=0.8, top_k=50, top_p=0.9, seed=1234, ignore_eos=True)
+        blocking.fill(engine, FillRequest(context_id="s", token_ids=p))
+        first = gen(engine, "s1", params, parent="s")
+        # Same seed while batched with other sampled work: same tokens.
+        others = [
+            blocking.submit_generate(
+                engine, GenerateRequest(context_id=f"o{i}", parent_context_id="s", sampling=params.model_copy(update={"seed": i}))
+            )
+            for i in range(3)
+        ]
+        again = gen(engine, "s2", params, parent="s")
+        for h in others:
+            blocking.wait_generate(h)
+        assert again == first
+        assert len(first) == 10
+    finally:
+        engine.stop()
+
+
+def test_stop_strings_tokens_and_logprobs(tiny_model_folder: Path) -> None:
+    engine = make_engine(tiny_model_folder)
+    try:
+        p = prompt(7, 9)
+        blocking.fill(engine, FillRequest(context_id="x", token_ids=p))
+        free_run = blocking.generate(engine, GenerateRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
+        ids = blocking.token_ids(free_run)
+        assert all(e.logprob is not None and e.logprob <= 0.0 for e in free_run)
+        # Stop at the third generated token id (included, finish "stop").
+        stop_tok = SamplingParams(max_tokens=12, ignore_eos=True, stop_token_ids=[ids[2]])
+        first_hit = ids.index(ids[2]) + 1
+        events = blocking.generate(engine, GenerateRequest(context_id="z", parent_context_id="x", sampling=stop_tok))
+        assert blocking.token_ids(events) == ids[:first_hit]
+        assert events[-1].finish_reason == "stop"
+        # A stop string made of the text of tokens 3..4: the output text ends before it.
+        text = "".join(e.text for e in free_run)
+        stop = engine.tokenizer.decode(ids[3:5])
+        if stop and stop in text:
+            sp = SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop])
+            ev = blocking.generate(engine, GenerateRequest(context_id="w", parent_context_id="x", sampling=sp))
+            assert "".join(e.text for e in ev) == text[: text.index(stop)]
+            assert ev[-1].finish_reason == "stop"
+        assert free_run[-1].finish_reason == "length"
+    finally:
+        engine.stop()

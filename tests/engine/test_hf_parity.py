@@ -1,0 +1,56 @@
+"""Greedy output equals Hugging Face transformers' on the real default model (fp32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from parrot.engine import blocking
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences.",
+    "List three prime numbers and say why they are prime.",
+    "Translate 'good morning' into Spanish and German.",
+    "What does a compiler do?",
+]
+NEW_TOKENS = 40
+
+
+@pytest.mark.slow
+def test_greedy_tokens_equal_transformers(default_model_folder: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    engine = LLMEngine(EngineConfig(model=str(default_model_folder), dtype="float32"))
+    engine.start()
+    try:
+        tok = engine.tokenizer
+        prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+        sampling = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+        # All prompts at once: batching and ragged lengths must not change any token.
+        for i, p in enumerate(prompts):
+            blocking.submit_fill(engine, FillRequest(context_id=f"q{i}", token_ids=p))
+        handles = [
+            blocking.submit_generate(engine, GenerateRequest(context_id=f"q{i}", sampling=sampling))
+            for i in range(len(prompts))
+        ]
+        ours = [blocking.token_ids(blocking.wait_generate(h)) for h in handles]
+    finally:
+        engine.stop()
+
+    hf = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32).eval()
+    # Like ignore_eos: keep decoding greedily through EOS (min_new_tokens would mask EOS instead).
+    hf.generation_config.eos_token_id = None
+    for p, mine in zip(prompts, ours, strict=True):
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+        assert mine == out[0, len(p) :].tolist()
+    assert "Paris" in tok.decode(ours[0])
