@@ -60,7 +60,9 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(eos)
         num_blocks = config.num_blocks or max(
-            1, config.kv_cache_bytes // KVCache.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+            1,
+            config.kv_cache_bytes
+            // KVCache.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype),
         )
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         self.pool = BlockPool(num_blocks)
@@ -99,7 +101,7 @@ class LLMEngine:
         """Queue a fill; validation errors raise at once and change nothing."""
         self._check_tokens(req.token_ids)
         with self._cv:
-            self._prepare_context(req.context_id, req.parent_context_id)
+            self._check_ids(req.context_id, req.parent_context_id, must_exist=False)
             base = self._projected_len(req.context_id, req.parent_context_id)
             if base + len(req.token_ids) > self.max_model_len:
                 raise ParrotError(
@@ -108,18 +110,41 @@ class LLMEngine:
                 )
             if self.contexts.blocks_for(base + len(req.token_ids)) > self.pool.num_blocks:
                 raise ParrotError(
-                    f"{base + len(req.token_ids)} tokens need more KV blocks than the pool has ({self.pool.num_blocks})",
+                    f"{base + len(req.token_ids)} tokens need more KV blocks than the pool holds "
+                    f"({self.pool.num_blocks} blocks of {self.config.block_size})",
                     field="token_ids",
                 )
-            self._enqueue(Job(next(self._job_ids), JobKind.FILL, req.context_id, sink, req.objective,
-                              req.priority, time.monotonic(), fork_from=req.parent_context_id,
-                              token_ids=list(req.token_ids)), req)
+            self._register(req.context_id, req.parent_context_id)
+            self._enqueue(
+                Job(
+                    next(self._job_ids),
+                    JobKind.FILL,
+                    req.context_id,
+                    sink,
+                    req.objective,
+                    req.priority,
+                    time.monotonic(),
+                    fork_from=req.parent_context_id,
+                    token_ids=list(req.token_ids),
+                ),
+                req,
+            )
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> None:
         with self._cv:
-            self._prepare_context(req.context_id, req.parent_context_id)
-            job = Job(next(self._job_ids), JobKind.GENERATE, req.context_id, sink, req.objective, req.priority,
-                      time.monotonic(), fork_from=req.parent_context_id, sampling=req.sampling)
+            self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
+            self._register(req.context_id, req.parent_context_id)
+            job = Job(
+                next(self._job_ids),
+                JobKind.GENERATE,
+                req.context_id,
+                sink,
+                req.objective,
+                req.priority,
+                time.monotonic(),
+                fork_from=req.parent_context_id,
+                sampling=req.sampling,
+            )
             begin_generation(job, self.tokenizer)
             self._enqueue(job, req)
 
@@ -135,11 +160,17 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         with self._cv:
             return EngineStats(
-                model=self.model_name, max_model_len=self.max_model_len, block_size=self.config.block_size,
-                num_blocks_total=self.pool.num_blocks, num_blocks_free=self.pool.num_free,
-                num_contexts=len(self.contexts.contexts), num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting), recent_time_per_output_token_ms=self._tpot_ms,
-                num_steps=self._num_steps, num_prefill_tokens=self._num_prefill_tokens,
+                model=self.model_name,
+                max_model_len=self.max_model_len,
+                block_size=self.config.block_size,
+                num_blocks_total=self.pool.num_blocks,
+                num_blocks_free=self.pool.num_free,
+                num_contexts=len(self.contexts.contexts),
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting),
+                recent_time_per_output_token_ms=self._tpot_ms,
+                num_steps=self._num_steps,
+                num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
             )
 
@@ -148,8 +179,12 @@ class LLMEngine:
             ctx = self.contexts.contexts.get(context_id)
             if ctx is None:
                 raise not_found("context", context_id, "context_id")
-            return ContextInfo(context_id=context_id, parent_context_id=ctx.parent_id,
-                               num_tokens=ctx.num_tokens, num_blocks=len(ctx.block_table))
+            return ContextInfo(
+                context_id=context_id,
+                parent_context_id=ctx.parent_id,
+                num_tokens=ctx.num_tokens,
+                num_blocks=len(ctx.block_table),
+            )
 
     # ---- validation helpers (lock held) ------------------------------------------------------
     def _check_tokens(self, token_ids: list[int]) -> None:
@@ -158,9 +193,10 @@ class LLMEngine:
         if bad is not None:
             raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
 
-    def _prepare_context(self, context_id: str, parent_id: str | None) -> None:
-        """Check ids; register a new context (a placeholder for a fork until the fork runs)."""
+    def _check_ids(self, context_id: str, parent_id: str | None, must_exist: bool) -> None:
         exists = context_id in self.contexts
+        if parent_id is None and must_exist and not exists:
+            raise not_found("context", context_id, "context_id")
         if parent_id is not None:
             if exists:
                 raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
@@ -168,11 +204,17 @@ class LLMEngine:
                 raise not_found("parent context", parent_id, "parent_context_id")
             if parent_id == context_id:
                 raise ParrotError("a context cannot be its own parent", field="parent_context_id")
-        if not exists:
+
+    def _register(self, context_id: str, parent_id: str | None) -> None:
+        """A new context is registered at once (a placeholder for a fork until the fork runs)."""
+        if context_id not in self.contexts:
             self.contexts.contexts[context_id] = Context(context_id, parent_id)
 
     def _projected_len(self, context_id: str, parent_id: str | None) -> int:
-        ctx = self.contexts.get(parent_id or context_id)
+        cid = parent_id or context_id
+        if cid not in self.contexts:
+            return 0
+        ctx = self.contexts.get(cid)
         queued = sum(len(j.token_ids) for j in self.scheduler.queues.get(ctx.context_id, []))
         return ctx.num_tokens + queued
 
@@ -242,8 +284,11 @@ class LLMEngine:
                 ctx = self.contexts.get(job.context_id)
                 if ctx.num_computed >= job.target:
                     self.scheduler.finish(job)
-                    job.emit(FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens,
-                                        num_filled_tokens=job.num_filled))
+                    job.emit(
+                        FillResult(
+                            context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled
+                        )
+                    )
         if num_decode:
             self._num_decode_tokens += num_decode
             ms = elapsed * 1000.0
@@ -255,9 +300,9 @@ class LLMEngine:
             job.emit(error)
 
     def _drop_new_context(self, job: Job) -> None:
-        ctx = self.contexts.contexts.get(job.context_id)
-        if ctx is not None and not ctx.tokens and not ctx.block_table and not self.scheduler.busy(job.context_id):
-            del self.contexts.contexts[job.context_id]
+        """A fork that failed before forking leaves only its placeholder: remove it."""
+        if job.fork_from is not None and not self.scheduler.busy(job.context_id):
+            self.contexts.contexts.pop(job.context_id, None)
 
 
 __all__ = ["LLMEngine", "TokenEvent"]

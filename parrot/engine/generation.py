@@ -6,8 +6,7 @@ Owned by the engine loop thread; pure bookkeeping on a job and its context, no t
 from __future__ import annotations
 
 from parrot.engine.kv.context import Context
-from parrot.engine.sampler import new_generator
-from parrot.engine.sampler import SampleRow
+from parrot.engine.sampler import SampleRow, new_generator
 from parrot.engine.sched.job import Job
 from parrot.protocol.engine_api import TokenEvent
 from parrot.text.tokenizer import IncrementalDecoder, Tokenizer

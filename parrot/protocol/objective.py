@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Criteria(str, Enum):
+class Criteria(StrEnum):
     """The objective attached to a `get`: a person waits (latency) or a batch should end soon."""
 
     LATENCY = "latency"

@@ -67,7 +67,9 @@ def test_ragged_batch_equals_each_alone(tiny_model_folder: Path) -> None:
         for i, p in enumerate(prompts):
             blocking.fill(engine, FillRequest(context_id=f"a{i}", token_ids=p))
             alone.append(gen(engine, f"a{i}"))
-        fills = [blocking.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p)) for i, p in enumerate(prompts)]
+        fills = [
+            blocking.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p)) for i, p in enumerate(prompts)
+        ]
         gens = [
             blocking.submit_generate(engine, GenerateRequest(context_id=f"b{i}", sampling=GREEDY))
             for i in range(len(prompts))
@@ -110,7 +112,10 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model_folder: Path)
         # Same seed while batched with other sampled work: same tokens.
         others = [
             blocking.submit_generate(
-                engine, GenerateRequest(context_id=f"o{i}", parent_context_id="s", sampling=params.model_copy(update={"seed": i}))
+                engine,
+                GenerateRequest(
+                    context_id=f"o{i}", parent_context_id="s", sampling=params.model_copy(update={"seed": i})
+                ),
             )
             for i in range(3)
         ]

@@ -49,8 +49,6 @@ def test_greedy_tokens_equal_transformers(default_model_folder: Path) -> None:
     hf.generation_config.eos_token_id = None
     for p, mine in zip(prompts, ours, strict=True):
         with torch.no_grad():
-            out = hf.generate(
-                torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
+            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         assert mine == out[0, len(p) :].tolist()
     assert "Paris" in tok.decode(ours[0])

@@ -111,9 +111,7 @@ class PagedAttention:
         o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=self.decode_mask, scale=self.scale)
         return o.reshape(b, -1)
 
-    def prefill(
-        self, layer: int, p: PrefillMeta, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def prefill(self, layer: int, p: PrefillMeta, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One chunk of T new tokens after S-T cached ones: q [T, Hq, D] -> [T, Hq * D]."""
         t, hkv, g, d = p.num_new, self.num_kv_heads, self.num_groups, self.head_dim
         if p.seq_len == p.num_new:

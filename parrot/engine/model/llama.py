@@ -8,6 +8,7 @@ cache writes and reads). This file imports only torch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +68,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = cos_sin_table(
-            cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        )
+        cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -102,7 +103,8 @@ class LlamaModel(nn.Module):
         if self.lm_head is not None:
             name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
             self.lm_head.weight.copy_(take(name))
-        for i, layer in enumerate(self.layers):
+        for i in range(len(self.layers)):
+            layer = cast(DecoderLayer, self.layers[i])
             p = f"model.layers.{i}."
             attn = [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
             layer.qkv.weight.copy_(torch.cat(attn))

@@ -69,7 +69,7 @@ def gguf_to_folder(gguf: Path) -> Path:
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     hf.config.quantization_config = None
     if hasattr(hf, "hf_quantizer"):
-        hf.hf_quantizer = None
+        hf.hf_quantizer = None  # type: ignore[assignment]
     hf.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp, ignore_errors=True)

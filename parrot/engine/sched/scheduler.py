@@ -166,9 +166,9 @@ class Scheduler:
             if self.contexts.truncate_to_shared(c):
                 return True
         for j in reversed(self.waiting):
-            if j.context_id not in keep and j.context_id in self.contexts:
-                if self.contexts.truncate_to_shared(self.contexts.get(j.context_id)):
-                    return True
+            in_use = j.context_id in keep or j.context_id not in self.contexts
+            if not in_use and self.contexts.truncate_to_shared(self.contexts.get(j.context_id)):
+                return True
         if preempt_below is not None:
             for j in reversed(self.running):
                 if j is preempt_below:

@@ -82,7 +82,11 @@ def create_engine_app(engine: AsyncEngine) -> FastAPI:
 
     @app.get("/v1/engine/info")
     async def info() -> dict[str, object]:
-        return {"model": engine.model_name, "model_folder": str(engine.model_folder), "max_model_len": engine.max_model_len}
+        return {
+            "model": engine.model_name,
+            "model_folder": str(engine.model_folder),
+            "max_model_len": engine.max_model_len,
+        }
 
     @app.get("/health")
     async def health() -> dict[str, str]:

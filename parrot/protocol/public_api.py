@@ -1,0 +1,187 @@
+"""Public HTTP API messages: sessions, semantic calls and Semantic Variables.
+
+The manager's FastAPI routes take and return exactly these models, so they are also the published
+OpenAPI schema; the client SDK builds them. Limits live here as constants so that the server's 4xx
+messages and the SDK agree on them.
+
+Authentication: `POST /v1/sessions` carries the tenant's API key (`Authorization: Bearer <key>`)
+and returns a session token; every other session route carries that token the same way.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from parrot.protocol.objective import Criteria
+from parrot.protocol.sampling import SamplingParams
+
+# Any variable id; a client-chosen one has no `~` (the manager's own ids do, so they never collide).
+ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:~\-]{0,127}$"
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,63}$"
+MAX_TEMPLATE_CHARS = 1_000_000
+MAX_VALUE_CHARS = 4_000_000
+MAX_NAME_CHARS = 128
+MAX_BATCH_CALLS = 4096
+MAX_BATCH_VARIABLES = 8192
+MAX_BINDINGS = 256
+MAX_GET_TIMEOUT_S = 600.0
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ErrorBody(_Msg):
+    message: str
+    field: str | None = None
+    status: int
+
+
+class ErrorResponse(_Msg):
+    """The body of every 4xx/5xx answer (see ParrotError.to_dict)."""
+
+    error: ErrorBody
+
+
+# --- sessions ---------------------------------------------------------------------------------
+
+
+class CreateSessionRequest(_Msg):
+    idle_timeout_s: float | None = Field(
+        default=None, gt=0, le=86_400, description="expire the session after this long without requests"
+    )
+
+
+class SessionCreated(_Msg):
+    session_id: str
+    token: str = Field(description="send as `Authorization: Bearer <token>` on every call of this session")
+    idle_timeout_s: float
+
+
+class SessionStatus(_Msg):
+    session_id: str
+    num_variables: int
+    num_calls: int
+    num_calls_waiting: int  # not all inputs ready yet (possibly prefilled already)
+    num_calls_running: int
+    num_calls_done: int
+    num_calls_failed: int
+    idle_timeout_s: float
+    idle_s: float
+
+
+# --- variables --------------------------------------------------------------------------------
+
+
+class VariableState(StrEnum):
+    PENDING = "pending"  # no value yet (an unset input, or an output not finished)
+    READY = "ready"
+    ERROR = "error"
+
+
+class VariableSpec(_Msg):
+    """Create a variable; with `value` it is an input that is already set."""
+
+    var_id: str | None = Field(
+        default=None, pattern=CLIENT_ID_PATTERN, description="client-chosen id; unique in the session"
+    )
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    value: str | None = Field(default=None, max_length=MAX_VALUE_CHARS)
+
+
+class SetVariableRequest(_Msg):
+    """Set an input once: a value, or an error (a client-side native function failed), which its
+    consumers then see as theirs."""
+
+    value: str | None = Field(default=None, max_length=MAX_VALUE_CHARS)
+    error: str | None = Field(default=None, max_length=4096)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SetVariableRequest:
+        if (self.value is None) == (self.error is None):
+            raise ValueError("give exactly one of value or error")
+        return self
+
+
+class VariableInfo(_Msg):
+    var_id: str
+    name: str | None
+    state: VariableState
+    producer_call_id: str | None
+    num_consumers: int
+
+
+class VariableList(_Msg):
+    variables: list[VariableInfo]
+
+
+class VariableValue(_Msg):
+    """Answer of a get: the value when ready (errors are answered with their own status)."""
+
+    var_id: str
+    state: VariableState
+    value: str | None = None
+
+
+class StreamChunk(_Msg):
+    """One NDJSON line of a streaming get; the last line has `done` or `error` set."""
+
+    text: str = ""
+    done: bool = False
+    error: ErrorBody | None = None
+
+
+# --- semantic calls ---------------------------------------------------------------------------
+
+
+class Binding(_Msg):
+    """What a placeholder is bound to: a variable of the session, or (inputs only) an inline value."""
+
+    var_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    value: str | None = Field(default=None, max_length=MAX_VALUE_CHARS)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Binding:
+        if (self.var_id is None) == (self.value is None):
+            raise ValueError("a binding has exactly one of var_id or value")
+        return self
+
+
+class CallSpec(_Msg):
+    """One semantic call: a template, its placeholder bindings and per-output sampling settings.
+
+    Inputs must be bound. An output bound to `var_id` writes that (existing, unset, unproduced)
+    variable; an unbound output gets a new variable. `sampling` is keyed by output name; outputs
+    without an entry use `default_sampling`.
+    """
+
+    template: str = Field(min_length=1, max_length=MAX_TEMPLATE_CHARS)
+    bindings: dict[str, Binding] = Field(default_factory=dict, max_length=MAX_BINDINGS)
+    sampling: dict[str, SamplingParams] = Field(default_factory=dict, max_length=MAX_BINDINGS)
+    default_sampling: SamplingParams = Field(default_factory=SamplingParams)
+    model: str | None = Field(default=None, max_length=256, description="an engine's model; default: the first")
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS, description="for status and logs")
+
+
+class CallInfo(_Msg):
+    call_id: str
+    outputs: dict[str, str]  # output name -> var_id
+
+
+class SubmitRequest(_Msg):
+    """A batch, applied all or nothing: variables are created first, then calls in order."""
+
+    variables: list[VariableSpec] = Field(default_factory=list, max_length=MAX_BATCH_VARIABLES)
+    calls: list[CallSpec] = Field(default_factory=list, max_length=MAX_BATCH_CALLS)
+
+
+class SubmitResponse(_Msg):
+    variables: list[VariableInfo]
+    calls: list[CallInfo]
+
+
+class GetParams(_Msg):
+    criteria: Criteria = Criteria.LATENCY
+    timeout_s: float = Field(default=60.0, gt=0, le=MAX_GET_TIMEOUT_S)

@@ -1,0 +1,113 @@
+"""Template syntax: prompt text with Semantic Variable placeholders, parsed into pieces.
+
+Both the client SDK (to check a function's parameters against its template) and the manager (the
+authority: it parses every submitted template) use this one parser, so the syntax has one owner.
+
+Syntax:
+    {{input:name}}   an input SV, filled into the prompt
+    {{output:name}}  an output SV, generated at this point of the prompt
+    {{name}}         by position: the last plain placeholder is the output when the template names
+                     no explicit output; every other plain placeholder is an input
+Names are identifiers (`[A-Za-z_][A-Za-z0-9_]*`). Other `{{ ... }}` text (JSON, code) is literal.
+Only whitespace may follow the last output: text there would never reach the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from parrot.protocol.errors import ParrotError
+
+MAX_PLACEHOLDERS = 256
+
+# `{{ kind:name }}` or `{{ name }}`; kind is checked after the match so a typo is an error, not text.
+_PLACEHOLDER = re.compile(r"\{\{\s*(?:([A-Za-z_][A-Za-z0-9_]*)\s*:\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+class PlaceholderKind(StrEnum):
+    INPUT = "input"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    name: str
+    kind: PlaceholderKind
+
+
+TemplatePiece = TextPiece | Placeholder
+
+
+@dataclass(frozen=True)
+class ParsedTemplate:
+    """A template as pieces in prompt order; empty text pieces are dropped."""
+
+    pieces: tuple[TemplatePiece, ...]
+    input_names: tuple[str, ...]  # first-appearance order, each once (an input may repeat)
+    output_names: tuple[str, ...]  # prompt order, each exactly once
+
+    @property
+    def first_output_index(self) -> int:
+        return next(
+            i for i, p in enumerate(self.pieces) if isinstance(p, Placeholder) and p.kind is PlaceholderKind.OUTPUT
+        )
+
+
+def parse_template(template: str, field: str = "template") -> ParsedTemplate:
+    """Split `template` into text and placeholders; raise ParrotError(400, field) if malformed."""
+    raw: list[tuple[str, str | None, str]] = []  # (text before, kind or None, name)
+    pos = 0
+    for m in _PLACEHOLDER.finditer(template):
+        kind = m.group(1)
+        if kind is not None and kind not in ("input", "output"):
+            raise ParrotError(
+                f"unknown placeholder kind {kind!r} in {m.group(0)!r}: use {{{{input:name}}}} or {{{{output:name}}}}",
+                field=field,
+            )
+        raw.append((template[pos : m.start()], kind, m.group(2)))
+        pos = m.end()
+    tail = template[pos:]
+    if len(raw) > MAX_PLACEHOLDERS:
+        raise ParrotError(f"template has {len(raw)} placeholders; the limit is {MAX_PLACEHOLDERS}", field=field)
+
+    has_explicit_output = any(kind == "output" for _, kind, _ in raw)
+    last_plain = max((i for i, (_, kind, _) in enumerate(raw) if kind is None), default=-1)
+    pieces: list[TemplatePiece] = []
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for i, (text, kind, name) in enumerate(raw):
+        if text:
+            pieces.append(TextPiece(text))
+        if kind is None:
+            kind = "output" if (not has_explicit_output and i == last_plain) else "input"
+        if kind == "output":
+            if name in outputs:
+                raise ParrotError(f"output {name!r} appears twice; each output is generated once", field=field)
+            outputs.append(name)
+        elif name not in inputs:
+            inputs.append(name)
+        pieces.append(Placeholder(name, PlaceholderKind(kind)))
+
+    if not outputs:
+        raise ParrotError("template has no output placeholder: add {{output:name}}", field=field)
+    both = set(inputs) & set(outputs)
+    if both:
+        raise ParrotError(f"{sorted(both)[0]!r} is used both as an input and an output", field=field)
+    last_output = max(
+        i for i, p in enumerate(pieces) if isinstance(p, Placeholder) and p.kind is PlaceholderKind.OUTPUT
+    )
+    if last_output != len(pieces) - 1 or tail.strip():
+        raise ParrotError(
+            "only whitespace may follow the last output placeholder (text there would never reach the model)",
+            field=field,
+        )
+    if not isinstance(pieces[0], TextPiece) and pieces[0].kind is PlaceholderKind.OUTPUT:
+        raise ParrotError("the template starts with an output: there is no prompt to generate from", field=field)
+    return ParsedTemplate(tuple(pieces), tuple(inputs), tuple(outputs))

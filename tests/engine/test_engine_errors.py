@@ -1,0 +1,122 @@
+"""Bad input gets a clear error naming the field, changes nothing, and the engine keeps serving."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from parrot.engine import blocking
+from parrot.engine.api import AsyncEngine
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.engine.server.app import create_engine_app
+from parrot.engine.server.launch import ServerThread
+from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, ParrotError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_folder: Path) -> Iterator[LLMEngine]:
+    eng = LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=64, block_size=16))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="module")
+def server(engine: LLMEngine) -> Iterator[str]:
+    with ServerThread(create_engine_app(AsyncEngine(engine=engine))) as srv:
+        yield srv.url
+
+
+def expect_error(fn: object, status: int, field: str | None) -> ParrotError:
+    with pytest.raises(ParrotError) as info:
+        fn()  # type: ignore[operator]
+    assert info.value.status == status
+    assert info.value.field == field
+    return info.value
+
+
+def test_in_process_errors(engine: LLMEngine) -> None:
+    blocking.fill(engine, FillRequest(context_id="base", token_ids=[5, 6, 7]))
+    free_before = engine.stats().num_blocks_free
+    expect_error(
+        lambda: blocking.fill(engine, FillRequest(context_id="n", token_ids=[1], parent_context_id="nope")),
+        404,
+        "parent_context_id",
+    )
+    expect_error(
+        lambda: blocking.fill(engine, FillRequest(context_id="base", token_ids=[1], parent_context_id="base")),
+        409,
+        "context_id",
+    )
+    expect_error(lambda: engine.free_context(FreeContextRequest(context_id="ghost")), 404, "context_id")
+    expect_error(lambda: blocking.fill(engine, FillRequest(context_id="big", token_ids=[10**6])), 400, "token_ids")
+    # Longer than the model's context (4096 for the tiny model).
+    err = expect_error(
+        lambda: blocking.fill(engine, FillRequest(context_id="long", token_ids=[3] * 5000)), 400, "token_ids"
+    )
+    assert "4096" in err.message
+    # Fits the model but not the KV pool (64 blocks of 16 = 1024 slots).
+    expect_error(lambda: blocking.fill(engine, FillRequest(context_id="huge", token_ids=[3] * 2000)), 400, "token_ids")
+    expect_error(lambda: blocking.generate(engine, GenerateRequest(context_id="nowhere")), 404, "context_id")
+    blocking.fill(engine, FillRequest(context_id="empty", token_ids=[]))
+    expect_error(lambda: blocking.generate(engine, GenerateRequest(context_id="empty")), 400, "context_id")
+    engine.free_context(FreeContextRequest(context_id="empty"))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=[""])
+    # Nothing leaked; the engine still serves.
+    assert engine.stats().num_blocks_free == free_before
+    assert "long" not in engine.contexts and "n" not in engine.contexts
+    events = blocking.generate(engine, GenerateRequest(context_id="base", sampling=SamplingParams(max_tokens=3)))
+    assert events[-1].finish_reason in ("length", "eos")
+
+
+def test_freeing_a_generating_context_is_refused(engine: LLMEngine) -> None:
+    blocking.fill(engine, FillRequest(context_id="busy", token_ids=[9] * 20))
+    h = blocking.submit_generate(
+        engine, GenerateRequest(context_id="busy", sampling=SamplingParams(max_tokens=40, ignore_eos=True))
+    )
+    expect_error(lambda: engine.free_context(FreeContextRequest(context_id="busy")), 409, "context_id")
+    assert len(blocking.wait_generate(h)) == 40
+    engine.free_context(FreeContextRequest(context_id="busy"))
+    assert "busy" not in engine.contexts
+
+
+def test_http_api_and_malformed_bodies(server: str) -> None:
+    with httpx.Client(base_url=server, timeout=60) as c:
+        r = c.post("/v1/engine/fill", json={"context_id": "h1", "token_ids": [4, 5, 6, 7]})
+        assert r.status_code == 200 and r.json() == {"context_id": "h1", "num_tokens": 4, "num_filled_tokens": 3}
+        with c.stream(
+            "POST",
+            "/v1/engine/generate",
+            json={"context_id": "h2", "parent_context_id": "h1", "sampling": {"max_tokens": 4, "ignore_eos": True}},
+        ) as s:
+            assert s.status_code == 200
+            events = [json.loads(line) for line in s.iter_lines() if line]
+        assert len(events) == 4 and events[-1]["finish_reason"] == "length"
+        assert all(isinstance(e["token_id"], int) for e in events)
+        # Malformed bodies: 422 naming the field.
+        r = c.post("/v1/engine/fill", json={"context_id": "h3", "token_ids": "abc"})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "token_ids"
+        r = c.post("/v1/engine/generate", json={"context_id": "h1", "sampling": {"temperature": -2}})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "sampling.temperature"
+        r = c.post("/v1/engine/fill", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422
+        r = c.post("/v1/engine/fill", json={"context_id": "", "token_ids": [1]})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "context_id"
+        r = c.post("/v1/engine/generate", json={"context_id": "h9", "parent_context_id": "missing"})
+        assert r.status_code == 404 and r.json()["error"]["field"] == "parent_context_id"
+        r = c.post("/v1/engine/free_context", json={"context_id": "missing"})
+        assert r.status_code == 404
+        r = c.post("/v1/engine/fill", content=b"x" * (17 << 20), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        stats = c.get("/v1/engine/stats").json()
+        assert stats["num_contexts"] >= 2 and stats["num_blocks_free"] < stats["num_blocks_total"]
+        assert c.post("/v1/engine/free_context", json={"context_id": "h2"}).status_code == 200
+        assert c.get("/health").json() == {"status": "ok"}
