@@ -1,0 +1,27 @@
+"""The client SDK: write LLM applications with Semantic Variables (imports parrot.protocol only).
+
+from parrot.frontend import Session, semantic_function, native_function, Input, Output
+"""
+
+from parrot.frontend.function import Input, Output, SemanticFunction, semantic_function
+from parrot.frontend.native import NativeFunction, native_function
+from parrot.frontend.session import AsyncSession, Session
+from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+from parrot.protocol.sampling import SamplingParams
+
+__all__ = [
+    "AsyncSession",
+    "Criteria",
+    "Input",
+    "NativeFunction",
+    "Output",
+    "ParrotError",
+    "SamplingParams",
+    "SemanticFunction",
+    "SemanticVariable",
+    "Session",
+    "native_function",
+    "semantic_function",
+]

@@ -1,0 +1,206 @@
+"""The SDK's session engine room: one event loop, an operation queue, batching, native calls.
+
+Creating a variable or calling a function only appends an operation to the queue (from any
+thread) and returns; a single flusher task on the session's loop sends the queue in order, as
+`/submit` batches, while the application keeps submitting. So thousands of calls cost a handful of
+requests, and the first call leaves at once (the server can start while the rest are declared).
+A refused batch fails the variables it created: reading them raises the server's error.
+
+Native functions run here, in the client: a task awaits the inputs, runs the function (in a
+thread if it is synchronous) and sets the output variable; the server never runs client code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import httpx
+
+from parrot.frontend.transport import ApiTransport
+from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import MAX_GET_TIMEOUT_S, CallSpec, SubmitRequest, VariableSpec
+
+log = logging.getLogger(__name__)
+
+current_core: contextvars.ContextVar[SessionCore | None] = contextvars.ContextVar("parrot_session", default=None)
+
+
+class SessionCore:
+    def __init__(self, transport: ApiTransport, loop: asyncio.AbstractEventLoop, batch_size: int = 512) -> None:
+        self.transport = transport
+        self.loop = loop
+        self.batch_size = batch_size
+        self._lock = threading.Lock()  # guards the queue and the counters below
+        self._queue: list[tuple[VariableSpec | CallSpec, list[SemanticVariable]]] = []
+        self._num_queued = 0
+        self._num_sent = 0
+        self._kick_pending = False
+        self._sent = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._natives: set[asyncio.Future[None]] = set()
+        self._var_ids = itertools.count()
+        self.session_id = ""
+
+    async def open(self, api_key: str, idle_timeout_s: float | None) -> None:
+        created = await self.transport.create_session(api_key, idle_timeout_s)
+        self.session_id = created.session_id
+
+    async def close(self, delete: bool = True) -> None:
+        """Send what is queued, stop native calls still waiting, delete the session."""
+        try:
+            await self.flushed(self._num_queued)
+            for native in list(self._natives):
+                native.cancel()
+            await asyncio.gather(*self._natives, return_exceptions=True)
+            if delete:
+                await self.transport.delete_session()
+        finally:
+            await self.transport.aclose()
+
+    # --- queueing (any thread) --------------------------------------------------------------------
+
+    def new_variable(self, name: str | None = None, value: str | None = None) -> SemanticVariable:
+        var_id = f"v{next(self._var_ids)}"
+        with self._lock:
+            seq = self._num_queued + 1
+            var = SemanticVariable(self, var_id, name, seq, value)
+            self._push(VariableSpec(var_id=var_id, name=name, value=value), [var])
+        return var
+
+    def submit_call(self, spec: CallSpec, outputs: list[SemanticVariable]) -> None:
+        with self._lock:
+            self._push(spec, outputs)
+
+    def _push(self, op: VariableSpec | CallSpec, vars_: list[SemanticVariable]) -> None:
+        self._queue.append((op, vars_))
+        self._num_queued += 1
+        if not self._kick_pending:
+            self._kick_pending = True
+            self.loop.call_soon_threadsafe(self._ensure_flusher)
+
+    # --- sending (the loop) -----------------------------------------------------------------------
+
+    def _ensure_flusher(self) -> None:
+        with self._lock:
+            self._kick_pending = False
+            pending = bool(self._queue)
+        if pending and (self._flusher is None or self._flusher.done()):
+            self._flusher = self.loop.create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._queue[: self.batch_size]
+                del self._queue[: len(batch)]
+            if not batch:
+                return
+            variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
+            calls = [op for op, _ in batch if isinstance(op, CallSpec)]
+            try:
+                await self.transport.submit(SubmitRequest(variables=variables, calls=calls))
+            except (ParrotError, httpx.HTTPError) as e:
+                error = e if isinstance(e, ParrotError) else ParrotError(f"submit failed: {e}", status=503)
+                log.warning("a batch of %d operations was refused: %s", len(batch), error.message)
+                for _, vars_ in batch:
+                    for var in vars_:
+                        var._error = error
+            with self._lock:
+                self._num_sent += len(batch)
+            self._sent.set()
+            self._sent = asyncio.Event()
+
+    async def flushed(self, seq: int) -> None:
+        """Until the first `seq` queued operations have been sent (or refused)."""
+        while True:
+            with self._lock:
+                if self._num_sent >= seq:
+                    return
+            self._ensure_flusher()
+            await self._sent.wait()
+
+    async def flush(self) -> None:
+        await self.flushed(self._num_queued)
+
+    # --- reading and writing variables (the loop) -------------------------------------------------
+
+    async def get(self, var: SemanticVariable, criteria: Criteria, timeout: float | None) -> str:
+        if var._value is not None:
+            return var._value
+        await self.flushed(var._seq)
+        if var._error is not None:
+            raise var._error
+        deadline = None if timeout is None else self.loop.time() + timeout
+        while True:
+            wait_s = MAX_GET_TIMEOUT_S if deadline is None else min(MAX_GET_TIMEOUT_S, deadline - self.loop.time())
+            try:
+                got = await self.transport.get_variable(var.var_id, criteria, max(wait_s, 0.001))
+            except ParrotError as e:
+                if e.status == 408 and (deadline is None or self.loop.time() < deadline):
+                    continue  # our long poll ended; the caller's timeout has not
+                raise
+            assert got.value is not None
+            var._value = got.value
+            return got.value
+
+    async def stream(self, var: SemanticVariable, criteria: Criteria) -> AsyncIterator[str]:
+        if var._value is not None:
+            yield var._value
+            return
+        await self.flushed(var._seq)
+        if var._error is not None:
+            raise var._error
+        async for chunk in self.transport.stream_variable(var.var_id, criteria):
+            yield chunk
+
+    async def set(self, var: SemanticVariable, value: str) -> None:
+        if not isinstance(value, str):
+            raise ParrotError(f"a variable's value is text, not {type(value).__name__}", field="value")
+        await self.flushed(var._seq)
+        if var._error is not None:
+            raise var._error
+        await self.transport.set_variable(var.var_id, value)
+        var._value = value
+
+    # --- native calls -----------------------------------------------------------------------------
+
+    def run_native(self, fn: Callable[..., Any], args: Mapping[str, Any], out: SemanticVariable) -> None:
+        """Schedule `fn(**values)` once the input variables are ready; its result sets `out`."""
+        context = contextvars.copy_context()  # nested calls inside `fn` find this session
+
+        async def run() -> None:
+            try:
+                values = {
+                    k: (await self.get(v, Criteria.LATENCY, None) if isinstance(v, SemanticVariable) else v)
+                    for k, v in args.items()
+                }
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(**values)
+                else:
+                    result = await asyncio.to_thread(fn, **values)
+                await self.set(out, result if isinstance(result, str) else str(result))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the failure reaches every consumer of `out`
+                message = e.message if isinstance(e, ParrotError) else f"{type(e).__name__}: {e}"
+                await self.flushed(out._seq)
+                await self.transport.set_variable(out.var_id, None, error=f"native {_name(fn)} failed: {message}")
+
+        def start() -> None:
+            task = self.loop.create_task(run(), context=context)
+            self._natives.add(task)
+            task.add_done_callback(self._natives.discard)
+
+        self.loop.call_soon_threadsafe(start)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", repr(fn))

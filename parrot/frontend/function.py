@@ -1,0 +1,193 @@
+"""Semantic functions: prompt templates declared in Python, called like functions, never rendered here.
+
+    @semantic_function(model=None)
+    def joke(topic: Input, joke: Output = Output(max_tokens=40, stop=["\\n"]), explanation: Output = Output()):
+        \"\"\"Tell a joke about {{input:topic}}.
+        Joke:{{output:joke}}
+        Explanation:{{output:explanation}}\"\"\"
+
+    j, e = joke("cats")            # returns SemanticVariables at once; the call is queued
+
+Parameters annotated `Output` (or defaulting to an `Output(...)`) are outputs, every other parameter
+is an input; they must match the template's placeholders exactly. An input takes a SemanticVariable
+of the same session or a plain value (sent inline); an output may be given an existing, unset
+variable to write. One output returns one variable, several return a tuple in parameter order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, overload
+
+from parrot.frontend.core import SessionCore, current_core
+from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import Binding, CallSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.protocol.template import parse_template
+
+
+class Input:
+    """Marks a parameter as an input placeholder (unmarked parameters are inputs too)."""
+
+
+class Output:
+    """Marks a parameter as an output placeholder and carries its sampling settings.
+
+    `Output(max_tokens=40, stop=["\\n"])` or `Output(SamplingParams(...))`; `Output()` takes the
+    function's default sampling.
+    """
+
+    def __init__(self, sampling: SamplingParams | None = None, **settings: Any) -> None:
+        if sampling is not None and settings:
+            raise TypeError("give either a SamplingParams or keyword settings, not both")
+        self.sampling = sampling if sampling is not None else (SamplingParams(**settings) if settings else None)
+
+    def __repr__(self) -> str:
+        return f"Output({self.sampling!r})"
+
+
+def current_session_core() -> SessionCore:
+    core = current_core.get()
+    if core is None:
+        raise RuntimeError(
+            "no Parrot session is active: call inside `with Session(...)` / `async with AsyncSession(...)`"
+        )
+    return core
+
+
+class SemanticFunction:
+    def __init__(
+        self,
+        name: str,
+        template: str,
+        inputs: Sequence[str],
+        outputs: Mapping[str, Output | SamplingParams | None],
+        sampling: SamplingParams | None = None,
+        model: str | None = None,
+    ) -> None:
+        self.name = name
+        self.template = template
+        parsed = parse_template(template, field=f"{name}.template")
+        if set(parsed.input_names) != set(inputs):
+            raise ParrotError(
+                f"{name}: the template's inputs {sorted(parsed.input_names)} do not match the parameters "
+                f"{sorted(inputs)}",
+                field=name,
+            )
+        if set(parsed.output_names) != set(outputs):
+            raise ParrotError(
+                f"{name}: the template's outputs {sorted(parsed.output_names)} do not match the Output "
+                f"parameters {sorted(outputs)}",
+                field=name,
+            )
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.sampling: dict[str, SamplingParams] = {}  # outputs without an entry take default_sampling
+        for name, setting in outputs.items():
+            params = setting.sampling if isinstance(setting, Output) else setting
+            if params is not None:
+                self.sampling[name] = params
+        self.default_sampling = sampling or SamplingParams()
+        self.model = model
+
+    def __repr__(self) -> str:
+        return f"SemanticFunction({self.name!r}, inputs={self.inputs}, outputs={self.outputs})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit the call in the active session; returns its output variable(s) at once."""
+        return self.invoke(current_session_core(), *args, **kwargs)
+
+    def invoke(self, core: SessionCore, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(self.inputs):
+            raise TypeError(f"{self.name}() takes {len(self.inputs)} positional inputs, got {len(args)}")
+        given: dict[str, Any] = dict(zip(self.inputs, args, strict=False))
+        for key, value in kwargs.items():
+            if key in given:
+                raise TypeError(f"{self.name}() got two values for {key!r}")
+            if key not in self.inputs and key not in self.outputs:
+                raise TypeError(f"{self.name}() has no parameter {key!r}")
+            given[key] = value
+        missing = [n for n in self.inputs if n not in given]
+        if missing:
+            raise TypeError(f"{self.name}() is missing inputs {missing}")
+        bindings: dict[str, Binding] = {}
+        for name in self.inputs:
+            value = given[name]
+            if isinstance(value, SemanticVariable):
+                _check_same_session(value, core, name)
+                bindings[name] = Binding(var_id=value.var_id)
+            elif isinstance(value, str | int | float) and not isinstance(value, bool):
+                bindings[name] = Binding(value=str(value))
+            else:
+                raise TypeError(f"{self.name}(): input {name!r} takes a SemanticVariable or text, not {type(value)}")
+        out_vars: list[SemanticVariable] = []
+        for name in self.outputs:
+            var = given.get(name)
+            if var is None:
+                var = core.new_variable(name)
+            elif not isinstance(var, SemanticVariable):
+                raise TypeError(f"{self.name}(): output {name!r} takes a SemanticVariable to write, not {type(var)}")
+            else:
+                _check_same_session(var, core, name)
+            bindings[name] = Binding(var_id=var.var_id)
+            out_vars.append(var)
+        spec = CallSpec(
+            template=self.template,
+            bindings=bindings,
+            sampling=self.sampling,
+            default_sampling=self.default_sampling,
+            model=self.model,
+            name=self.name,
+        )
+        core.submit_call(spec, out_vars)
+        return out_vars[0] if len(out_vars) == 1 else tuple(out_vars)
+
+
+def _check_same_session(var: SemanticVariable, core: SessionCore, name: str) -> None:
+    if var._core is not core:
+        raise ParrotError(f"{name!r}: the variable {var.var_id!r} belongs to another session", field=name)
+
+
+@overload
+def semantic_function(fn: Callable[..., Any], /) -> SemanticFunction: ...
+
+
+@overload
+def semantic_function(
+    *, template: str | None = None, sampling: SamplingParams | None = None, model: str | None = None
+) -> Callable[[Callable[..., Any]], SemanticFunction]: ...
+
+
+def semantic_function(
+    fn: Callable[..., Any] | None = None,
+    *,
+    template: str | None = None,
+    sampling: SamplingParams | None = None,
+    model: str | None = None,
+) -> SemanticFunction | Callable[[Callable[..., Any]], SemanticFunction]:
+    """Declare a semantic function from a Python signature; the template is `template` or the
+    docstring (dedented). The body is never run."""
+
+    def wrap(f: Callable[..., Any]) -> SemanticFunction:
+        text = template if template is not None else inspect.cleandoc(f.__doc__ or "")
+        if not text:
+            raise ParrotError(f"{f.__name__}: no template (give a docstring or template=...)", field=f.__name__)
+        try:
+            sig = inspect.signature(f, eval_str=True)
+        except (NameError, TypeError):
+            sig = inspect.signature(f)
+        inputs: list[str] = []
+        outputs: dict[str, Output | None] = {}
+        for param in sig.parameters.values():
+            annotation = param.annotation
+            is_output = annotation is Output or isinstance(param.default, Output)
+            is_output = is_output or (isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] == "Output")
+            if is_output:
+                outputs[param.name] = param.default if isinstance(param.default, Output) else None
+            else:
+                inputs.append(param.name)
+        return SemanticFunction(f.__name__, text, inputs, outputs, sampling, model)
+
+    return wrap(fn) if fn is not None else wrap

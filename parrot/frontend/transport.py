@@ -1,0 +1,105 @@
+"""The public HTTP API as async Python calls (one httpx client per session).
+
+Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import (
+    CreateSessionRequest,
+    SessionCreated,
+    SessionStatus,
+    SetVariableRequest,
+    StreamChunk,
+    SubmitRequest,
+    SubmitResponse,
+    VariableList,
+    VariableValue,
+)
+
+
+class ApiTransport:
+    def __init__(self, base_url: str, timeout_s: float = 660.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._headers: dict[str, str] = {}
+        self.session_id = ""
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def create_session(self, api_key: str, idle_timeout_s: float | None) -> SessionCreated:
+        body = CreateSessionRequest(idle_timeout_s=idle_timeout_s).model_dump(mode="json")
+        resp = await self._http.post("/v1/sessions", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        created = SessionCreated.model_validate(_checked(resp))
+        self.session_id = created.session_id
+        self._headers = {"Authorization": f"Bearer {created.token}"}
+        return created
+
+    async def delete_session(self) -> None:
+        _checked(await self._http.delete(self._path(""), headers=self._headers))
+
+    async def status(self) -> SessionStatus:
+        return SessionStatus.model_validate(_checked(await self._http.get(self._path(""), headers=self._headers)))
+
+    async def submit(self, req: SubmitRequest) -> SubmitResponse:
+        body = req.model_dump(mode="json", exclude_defaults=True)
+        resp = await self._http.post(self._path("/submit"), json=body, headers=self._headers)
+        return SubmitResponse.model_validate(_checked(resp))
+
+    async def set_variable(self, var_id: str, value: str | None, error: str | None = None) -> None:
+        body = SetVariableRequest(value=value, error=error).model_dump(mode="json", exclude_none=True)
+        _checked(await self._http.put(self._path(f"/variables/{var_id}"), json=body, headers=self._headers))
+
+    async def get_variable(self, var_id: str, criteria: Criteria, timeout_s: float) -> VariableValue:
+        params = {"criteria": criteria.value, "timeout_s": timeout_s}
+        resp = await self._http.get(
+            self._path(f"/variables/{var_id}"),
+            params=params,
+            headers=self._headers,
+            timeout=httpx.Timeout(timeout_s + 30.0, connect=10.0),
+        )
+        return VariableValue.model_validate(_checked(resp))
+
+    async def stream_variable(self, var_id: str, criteria: Criteria) -> AsyncIterator[str]:
+        path = self._path(f"/variables/{var_id}/stream")
+        params = {"criteria": criteria.value}
+        async with self._http.stream("GET", path, params=params, headers=self._headers) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _checked(resp)
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                chunk = StreamChunk.model_validate_json(line)
+                if chunk.error is not None:
+                    raise ParrotError(chunk.error.message, status=chunk.error.status, field=chunk.error.field)
+                if chunk.done:
+                    return
+                yield chunk.text
+        raise ParrotError("the variable stream ended without a last line", status=502)
+
+    async def list_variables(self) -> VariableList:
+        resp = await self._http.get(self._path("/variables"), headers=self._headers)
+        return VariableList.model_validate(_checked(resp))
+
+    def _path(self, tail: str) -> str:
+        return f"/v1/sessions/{self.session_id}{tail}"
+
+
+def _checked(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            body = resp.json()
+        except json.JSONDecodeError:
+            body = {"detail": resp.text or resp.reason_phrase}
+        raise ParrotError.from_dict(body, resp.status_code)
+    return resp.json() if resp.content else None

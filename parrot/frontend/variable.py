@@ -1,0 +1,121 @@
+"""SemanticVariable: the client's handle on a Semantic Variable, a future produced once, read by many.
+
+A variable is created at once, in the client, when a function is called or `session.variable()` is
+asked for; its creation reaches the server with the next batch. Reading it (`get`, `aget`,
+`stream`, `astream`) waits on the server; `set` gives an input its value. The sync methods may be
+called from any thread except the session's own event loop (there, use the `a...` forms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+
+if TYPE_CHECKING:
+    from parrot.frontend.core import SessionCore
+
+T = TypeVar("T")
+_END = object()
+
+
+class SemanticVariable:
+    def __init__(self, core: SessionCore, var_id: str, name: str | None, seq: int, value: str | None = None) -> None:
+        self._core = core
+        self.var_id = var_id
+        self.name = name
+        self._seq = seq  # position of its creation in the session's queue of operations
+        self._value = value  # known locally: set by this client, or read once
+        self._error: ParrotError | None = None  # its creation was refused
+
+    def __repr__(self) -> str:
+        state = "ready" if self._value is not None else "pending"
+        return f"SemanticVariable({self.var_id!r}, name={self.name!r}, {state})"
+
+    @property
+    def is_known(self) -> bool:
+        """The value is already in this client (no request needed to read it)."""
+        return self._value is not None
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def get(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> str:
+        """Block until the value is ready and return it; raises the variable's ParrotError if its
+        producer failed, and ParrotError(408) after `timeout` seconds."""
+        return self._run(self._core.get(self, Criteria(criteria), timeout))
+
+    async def aget(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> str:
+        return await self._arun(self._core.get(self, Criteria(criteria), timeout))
+
+    async def astream(self, criteria: Criteria | str = Criteria.LATENCY) -> AsyncIterator[str]:
+        """Text chunks as the producer generates them (the whole value at once if already set)."""
+        if asyncio.get_running_loop() is self._core.loop:
+            async for chunk in self._core.stream(self, Criteria(criteria)):
+                yield chunk
+            return
+        chunks: asyncio.Queue[object] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self._forward(lambda item: loop.call_soon_threadsafe(chunks.put_nowait, item), Criteria(criteria))
+        while (item := await chunks.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, str)
+            yield item
+
+    def stream(self, criteria: Criteria | str = Criteria.LATENCY) -> Iterator[str]:
+        """`astream` for synchronous code."""
+        self._check_not_on_loop()
+        chunks: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._forward(chunks.put, Criteria(criteria))
+        while (item := chunks.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, str)
+            yield item
+
+    def _forward(self, put: Any, criteria: Criteria) -> None:
+        async def pump() -> None:
+            try:
+                async for chunk in self._core.stream(self, criteria):
+                    put(chunk)
+            except BaseException as e:  # delivered to the reader, which re-raises it
+                put(e)
+            put(_END)
+
+        asyncio.run_coroutine_threadsafe(pump(), self._core.loop)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def set(self, value: str) -> None:
+        """Give this input its value (once; 409 if it is set already or is a call's output)."""
+        self._run(self._core.set(self, value))
+
+    async def aset(self, value: str) -> None:
+        await self._arun(self._core.set(self, value))
+
+    # --- bridging to the session's loop -----------------------------------------------------------
+
+    def _check_not_on_loop(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is self._core.loop:
+            raise RuntimeError("a blocking call on the session's own event loop: use `await var.aget()` / `aset`")
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._check_not_on_loop()
+        except RuntimeError:
+            coro.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, self._core.loop).result()
+
+    async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        if asyncio.get_running_loop() is self._core.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._core.loop))

@@ -1,0 +1,42 @@
+"""DAG analysis: pure functions of a call and its variables, read by the executor's snapshot.
+
+Nothing here mutates state or talks to an engine. Issue 4 extends this module with objective
+deduction (criteria propagated backwards through the DAG from the variables a `get` waits on) and
+task-group detection (parallel producers feeding one consumer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from parrot.protocol.template import Placeholder, PlaceholderKind, TextPiece
+from parrot.serve.graph import CallNode
+from parrot.serve.variable import Variable
+
+
+def num_ready_pieces(call: CallNode, variables: Mapping[str, Variable]) -> int:
+    """How many leading pieces before the first output have known content (text, or a set input).
+
+    These may be filled into the engine before the call's other inputs arrive (pipelining).
+    """
+    pieces = call.template.pieces
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, TextPiece):
+            continue
+        if piece.kind is PlaceholderKind.OUTPUT or variables[call.inputs[piece.name]].value is None:
+            return i
+    raise AssertionError("a parsed template ends with an output")
+
+
+def inputs_ready(call: CallNode, variables: Mapping[str, Variable]) -> bool:
+    return all(variables[v].value is not None for v in call.inputs.values())
+
+
+def failed_input(call: CallNode, variables: Mapping[str, Variable]) -> Variable | None:
+    """The first input (in prompt order) that failed, if any: the call cannot run."""
+    for piece in call.template.pieces:
+        if isinstance(piece, Placeholder) and piece.kind is PlaceholderKind.INPUT:
+            var = variables[call.inputs[piece.name]]
+            if var.error is not None:
+                return var
+    return None

@@ -1,0 +1,52 @@
+"""The manager's web app: the public Semantic Variable API and the OpenAI-compatible routes.
+
+`create_app(manager)` returns a FastAPI app whose lifespan starts and stops the manager; serve it
+with uvicorn (the launcher does). The OpenAPI schema is at /openapi.json, the docs at /docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import parrot
+from parrot.serve.http_edge import BodyLimitMiddleware, install_error_handlers
+from parrot.serve.manager import Manager
+from parrot.serve.routes_openai import router as openai_router
+from parrot.serve.routes_sessions import router as sessions_router
+
+
+def create_app(manager: Manager, *, manage_lifespan: bool = True) -> FastAPI:
+    """The app over `manager`. With `manage_lifespan` (default) the app's startup runs
+    `await manager.start()` and its shutdown `await manager.stop()`; pass False when the caller
+    starts and stops the manager itself."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_lifespan:
+            await manager.start()
+        try:
+            yield
+        finally:
+            if manage_lifespan:
+                await manager.stop()
+
+    app = FastAPI(
+        title="Parrot",
+        version=parrot.__version__,
+        summary="Serving LLM-based applications with Semantic Variables",
+        lifespan=lifespan,
+    )
+    app.state.manager = manager
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
+    app.include_router(sessions_router)
+    app.include_router(openai_router)
+
+    @app.get("/health", tags=["health"])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

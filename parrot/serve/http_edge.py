@@ -1,0 +1,109 @@
+"""The HTTP edge shared by every route: error bodies, the body-size limit, bearer credentials.
+
+Every error answer has the body `{"error": {"message", "field", "status", "type", "param"}}`:
+ParrotError's own shape plus the two keys OpenAI clients read, so one shape serves both APIs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from parrot.protocol.errors import ParrotError
+
+bearer_scheme = HTTPBearer(auto_error=False)
+
+
+def error_body(error: ParrotError) -> dict[str, Any]:
+    body = error.to_dict()
+    inner = body["error"]
+    assert isinstance(inner, dict)
+    inner["type"] = "invalid_request_error" if error.status < 500 else "server_error"
+    inner["param"] = error.field
+    return body
+
+
+def error_response(error: ParrotError) -> JSONResponse:
+    return JSONResponse(error_body(error), status_code=error.status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_parrot_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ParrotError)
+        return error_response(exc)
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        field = ".".join(loc) or None
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        return error_response(ParrotError(message, status=400, field=field))
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        field = "body" if exc.status_code == 413 else None
+        return error_response(ParrotError(str(exc.detail), status=exc.status_code, field=field))
+
+    app.add_exception_handler(ParrotError, on_parrot_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over `max_body_bytes` with 413 naming the limit (declared length or
+    counted while streaming in)."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = f"request body is larger than the limit of {self.max_body_bytes} bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                body = json.dumps(error_body(ParrotError(message, status=413, field="body"))).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 413,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        num_received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal num_received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                num_received += len(msg.get("body", b""))
+                if num_received > self.max_body_bytes:
+                    # FastAPI re-raises HTTPException from body reading; our handler names the limit.
+                    raise HTTPException(413, message)
+            return msg
+
+        await self.app(scope, counted_receive, send)
+
+
+def bearer_token(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str | None:
+    return None if credentials is None else credentials.credentials
+
+
+BearerToken = Annotated[str | None, Depends(bearer_token)]

@@ -1,0 +1,259 @@
+"""The manager (the paper's ServeCore): the one object behind the public API.
+
+Owns the session registry, the engine pool and the graph executor, and is the only writer of
+sessions and their graphs (everything runs on one asyncio event loop, so no locks). Every method
+that changes state first checks the whole request and raises ParrotError naming the field, so a
+bad request changes nothing.
+
+Construct with `create_manager(engines, tokenizer_folder, config)`, then `await manager.start()`
+(create_app's lifespan does this) and `await manager.stop()` at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import (
+    CallInfo,
+    CallSpec,
+    SessionCreated,
+    SessionStatus,
+    SubmitRequest,
+    SubmitResponse,
+    VariableInfo,
+    VariableList,
+    VariableSpec,
+    VariableState,
+    VariableValue,
+)
+from parrot.protocol.template import ParsedTemplate, parse_template
+from parrot.serve.config import ManagerConfig
+from parrot.serve.engine_client import EngineClient
+from parrot.serve.engines import EnginePool
+from parrot.serve.executor import GraphExecutor
+from parrot.serve.graph import CallNode, CallState, StagedBatch
+from parrot.serve.render import check_prompt_len, text_piece_token_ids
+from parrot.serve.session import Session, SessionRegistry
+from parrot.serve.variable import Variable
+
+log = logging.getLogger(__name__)
+
+
+class Manager:
+    def __init__(
+        self,
+        engines: Sequence[EngineClient],
+        tokenizer_folder: str | Path | None = None,
+        config: ManagerConfig | None = None,
+    ) -> None:
+        self.config = config or ManagerConfig()
+        self.pool = EnginePool(engines, tokenizer_folder)
+        self.sessions = SessionRegistry(self.config)
+        self.executor = GraphExecutor(self.pool, self.config)
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self.executor.start()
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_loop(), name="parrot-session-expiry")
+
+    async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        for session in list(self.sessions.sessions.values()):
+            await self.delete_session(session, "closed: the manager stopped")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.executor.drain(), timeout=10.0)
+        await self.executor.stop()
+
+    async def drain(self) -> None:
+        """Until the engine contexts of finished or deleted calls are all freed."""
+        await self.executor.drain()
+
+    # --- sessions ---------------------------------------------------------------------------------
+
+    def create_session(self, api_key: str | None, idle_timeout_s: float | None = None) -> SessionCreated:
+        session, token = self.sessions.create(self.sessions.tenant_of(api_key), idle_timeout_s)
+        return SessionCreated(session_id=session.session_id, token=token, idle_timeout_s=session.idle_timeout_s)
+
+    def session(self, session_id: str, token: str | None) -> Session:
+        """The session, if `token` is its token (401/403/404/410 otherwise)."""
+        return self.sessions.authenticate(token, session_id)
+
+    async def delete_session(self, session: Session, why: str = "deleted") -> None:
+        """Wake its waiting gets with an error, cancel its calls and free their engine contexts."""
+        if self.sessions.remove(session.session_id, why) is None:
+            return
+        error = ParrotError(f"session {session.session_id!r} was {why}", status=410, field="session_id")
+        for var in session.graph.variables.values():
+            var.fail(error)
+        await self.executor.drop_session(session)
+
+    def status(self, session: Session) -> SessionStatus:
+        counts = collections.Counter(c.state for c in session.graph.calls.values())
+        return SessionStatus(
+            session_id=session.session_id,
+            num_variables=len(session.graph.variables),
+            num_calls=len(session.graph.calls),
+            num_calls_waiting=counts[CallState.WAITING],
+            num_calls_running=counts[CallState.RUNNING],
+            num_calls_done=counts[CallState.DONE],
+            num_calls_failed=counts[CallState.FAILED],
+            idle_timeout_s=session.idle_timeout_s,
+            idle_s=session.idle_s(),
+        )
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_interval_s)
+            for session in self.sessions.expired():
+                log.info("session %s expired", session.session_id)
+                await self.delete_session(session, f"expired after {session.idle_timeout_s:g} s idle")
+
+    # --- calls ------------------------------------------------------------------------------------
+
+    def submit(self, session: Session, req: SubmitRequest, call_field_prefix: str = "calls") -> SubmitResponse:
+        """Create the batch's variables, then its calls; all or nothing."""
+        parsed = []
+        for j, spec in enumerate(req.calls):
+            at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""
+            template = parse_template(spec.template, field=f"{at}template")
+            parsed.append((spec, template, self.pool.resolve_model(spec.model, field=f"{at}model")))
+        staged = self._submit(session, req.variables, parsed, call_field_prefix)
+        return SubmitResponse(
+            variables=[v.info() for v in staged.variables],
+            calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
+        )
+
+    def submit_call(self, session: Session, spec: CallSpec) -> CallInfo:
+        return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
+
+    def submit_parsed(self, session: Session, spec: CallSpec, template: ParsedTemplate) -> CallNode:
+        """A call whose template is already pieces (the OpenAI routes: raw prompt text is never parsed)."""
+        model = self.pool.resolve_model(spec.model)
+        return self._submit(session, [], [(spec, template, model)], "").calls[0]
+
+    def _submit(
+        self,
+        session: Session,
+        var_specs: Sequence[VariableSpec],
+        calls: Sequence[tuple[CallSpec, ParsedTemplate, str]],
+        prefix: str,
+    ) -> StagedBatch:
+        graph = session.graph
+        staged = graph.stage(var_specs, calls, prefix)
+        num_variables = len(graph.variables) + len(staged.variables) + len(staged.inline_variables)
+        if num_variables > self.config.max_variables_per_session:
+            raise ParrotError(
+                f"the session would hold {num_variables} variables; the limit is "
+                f"{self.config.max_variables_per_session}",
+                status=413,
+                field="variables",
+            )
+        num_calls = len(graph.calls) + len(staged.calls)
+        if num_calls > self.config.max_calls_per_session:
+            raise ParrotError(
+                f"the session would hold {num_calls} calls; the limit is {self.config.max_calls_per_session}",
+                status=413,
+                field="calls",
+            )
+        variables = collections.ChainMap(
+            {v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables
+        )
+        for j, call in enumerate(staged.calls):
+            engine = self.pool.for_model(call.model)
+            call.piece_token_ids = text_piece_token_ids(call.template, engine.tokenizer)
+            field = f"{prefix}[{j}].template" if prefix else "template"
+            check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        graph.commit(staged)
+        self.executor.add_calls(session, staged.calls)
+        return staged
+
+    # --- variables --------------------------------------------------------------------------------
+
+    def create_variable(self, session: Session, spec: VariableSpec) -> VariableInfo:
+        return self._submit(session, [spec], [], "calls").variables[0].info()
+
+    def variable(self, session: Session, var_id: str) -> Variable:
+        var = session.graph.variables.get(var_id)
+        if var is None:
+            raise not_found("variable", var_id, field="var_id")
+        return var
+
+    def set_variable(self, session: Session, var_id: str, value: str | None, error: str | None = None) -> VariableInfo:
+        """Set an input once, to a value or (a failed client-side computation) to an error."""
+        var = self.variable(session, var_id)
+        if var.producer_call_id is not None:
+            raise conflict(
+                f"variable {var_id!r} is the output of call {var.producer_call_id}; only it sets it", "var_id"
+            )
+        if var.is_done:
+            raise conflict(f"variable {var_id!r} is already set", field="value")
+        if value is not None:
+            var.set(value)
+        else:
+            var.fail(ParrotError(f"variable {var_id!r} was set to an error by the client: {error}", status=424))
+        self.executor.variables_set(session, [var])
+        return var.info()
+
+    async def get_variable(
+        self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY, timeout_s: float = 60.0
+    ) -> VariableValue:
+        """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
+        var = self.variable(session, var_id)
+        _note_criteria(var, criteria)
+        session.num_waiting_gets += 1
+        try:
+            await var.wait(timeout_s)
+        finally:
+            session.num_waiting_gets -= 1
+            session.touch()
+        if var.error is not None:
+            raise var.error
+        return VariableValue(var_id=var_id, state=VariableState.READY, value=var.value)
+
+    async def stream_variable(
+        self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY
+    ) -> AsyncIterator[str]:
+        """Text chunks as they are generated; raises the variable's error if it fails."""
+        var = self.variable(session, var_id)
+        _note_criteria(var, criteria)
+        return self._stream(session, var)
+
+    async def _stream(self, session: Session, var: Variable) -> AsyncIterator[str]:
+        session.num_waiting_gets += 1
+        try:
+            async with contextlib.aclosing(var.stream()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            session.num_waiting_gets -= 1
+            session.touch()
+
+    def list_variables(self, session: Session) -> VariableList:
+        return VariableList(variables=[v.info() for v in session.graph.variables.values()])
+
+
+def _note_criteria(var: Variable, criteria: Criteria) -> None:
+    # Latency wins: one person waiting is enough to make the value latency-critical.
+    if var.criteria is not Criteria.LATENCY:
+        var.criteria = criteria
+
+
+def create_manager(
+    engines: Sequence[EngineClient],
+    tokenizer_folder: str | Path | None = None,
+    config: ManagerConfig | None = None,
+) -> Manager:
+    """A manager over `engines` (in-process AsyncEngine or HttpEngineClient); start it with
+    `await manager.start()` (create_app's lifespan does). `tokenizer_folder` defaults to each
+    engine's own model folder."""
+    return Manager(engines, tokenizer_folder, config)

@@ -1,0 +1,224 @@
+"""OpenAI-compatible routes, served as one-call sessions of the manager.
+
+Each request opens a session for the API key's tenant, submits one call whose template is the raw
+prompt (never parsed for placeholders) followed by one output, streams or awaits that output and
+deletes the session, which frees the engine context even when the client goes away mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.openai_api import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    Usage,
+)
+from parrot.protocol.public_api import CallSpec, ErrorResponse
+from parrot.protocol.sampling import SamplingParams
+from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
+from parrot.serve.graph import CallNode
+from parrot.serve.http_edge import BearerToken, error_body
+from parrot.serve.manager import Manager
+from parrot.serve.routes_sessions import ManagerDep
+from parrot.serve.session import Session
+
+_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413)}
+router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
+
+_OUTPUT = "completion"
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+_MAX_WAIT_S = 24 * 3600.0
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(api_key: BearerToken, manager: ManagerDep) -> ModelList:
+    manager.sessions.tenant_of(api_key)
+    return ModelList(data=[ModelCard(id=m) for m in manager.pool.models])
+
+
+@router.post("/completions", response_model=Completion)
+async def completions(
+    req: CompletionRequest, api_key: BearerToken, manager: ManagerDep
+) -> Completion | StreamingResponse:
+    _refuse_unsupported(req, {"echo": req.echo, "suffix": req.suffix})
+    if req.best_of not in (None, 1):
+        raise ParrotError("best_of > 1 is not supported", field="best_of")
+    if isinstance(req.prompt, list):
+        if len(req.prompt) != 1:
+            raise ParrotError("exactly one prompt is supported per request", field="prompt")
+        prompt = req.prompt[0]
+    else:
+        prompt = req.prompt
+    run = _OneCall(manager, api_key, req.model, prompt, req, default_max_tokens=16)
+    if req.stream:
+        return StreamingResponse(run.stream_sse(_completion_chunk), media_type="text/event-stream")
+    text, finish_reason, usage = await run.complete()
+    choice = CompletionChoice(text=text, finish_reason=finish_reason)
+    return Completion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
+
+
+@router.post("/chat/completions", response_model=ChatCompletion)
+async def chat_completions(
+    req: ChatCompletionRequest, api_key: BearerToken, manager: ManagerDep
+) -> ChatCompletion | StreamingResponse:
+    _refuse_unsupported(req, {"top_logprobs": req.top_logprobs})
+    model = manager.pool.resolve_model(req.model)
+    tokenizer = manager.pool.for_model(model).tokenizer
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    run = _OneCall(manager, api_key, req.model, prompt, req, default_max_tokens=None, max_tokens=max_tokens)
+    if req.stream:
+        return StreamingResponse(run.stream_sse(_chat_chunk), media_type="text/event-stream")
+    text, finish_reason, usage = await run.complete()
+    choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
+    return ChatCompletion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
+
+
+def _refuse_unsupported(req: CompletionRequest | ChatCompletionRequest, extra: dict[str, object]) -> None:
+    if req.n not in (None, 1):
+        raise ParrotError("n > 1 is not supported: send one request per choice", field="n")
+    if req.logprobs not in (None, False, 0) or req.logit_bias:
+        raise ParrotError(
+            "logprobs and logit_bias are not supported", field="logprobs" if req.logprobs else "logit_bias"
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            raise ParrotError(f"{name} is not supported (only 0)", field=name)
+    for name, value in extra.items():
+        if value not in (None, False):
+            raise ParrotError(f"{name} is not supported", field=name)
+
+
+class _OneCall:
+    """One request as a one-call session; created, then deleted when the answer is complete."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        api_key: str | None,
+        model: str,
+        prompt: str,
+        req: CompletionRequest | ChatCompletionRequest,
+        default_max_tokens: int | None,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.manager = manager
+        self.model = model
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        resolved = manager.pool.resolve_model(model)
+        if not prompt:
+            raise ParrotError("the prompt is empty", field="prompt")
+        engine = manager.pool.for_model(resolved)
+        max_tokens = max_tokens or req.max_tokens or default_max_tokens
+        if max_tokens is None:  # chat default: whatever room the context leaves
+            max_tokens = max(1, min(32768, engine.max_model_len - len(engine.tokenizer.encode(prompt))))
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop=stop,
+        )
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        created = manager.create_session(api_key)
+        self.session: Session = manager.sessions.sessions[created.session_id]
+        template = ParsedTemplate((TextPiece(prompt), Placeholder(_OUTPUT, PlaceholderKind.OUTPUT)), (), (_OUTPUT,))
+        try:
+            spec = CallSpec(template=prompt, sampling={_OUTPUT: sampling}, model=resolved, name="openai")
+            self.call: CallNode = manager.submit_parsed(self.session, spec, template)
+        except BaseException:
+            self.manager.sessions.remove(self.session.session_id, "closed")
+            raise
+        self.var = self.session.graph.variables[self.call.outputs[_OUTPUT]]
+
+    def usage(self) -> Usage:
+        c = self.call
+        return Usage(
+            prompt_tokens=c.num_prompt_tokens,
+            completion_tokens=c.num_generated_tokens,
+            total_tokens=c.num_prompt_tokens + c.num_generated_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=c.num_cached_tokens),
+        )
+
+    def finish_reason(self) -> str | None:
+        reason = self.call.finish_reasons.get(_OUTPUT)
+        return None if reason is None else _FINISH.get(reason, reason)
+
+    async def complete(self) -> tuple[str, str | None, Usage]:
+        try:
+            await self.var.wait(_MAX_WAIT_S)
+            if self.var.error is not None:
+                raise self.var.error
+            assert self.var.value is not None
+            return self.var.value, self.finish_reason(), self.usage()
+        finally:
+            await self.manager.delete_session(self.session, "closed")
+
+    async def stream_sse(self, make_chunk: _ChunkMaker) -> AsyncIterator[str]:
+        try:
+            yield _sse(make_chunk(self, None, None, first=True))
+            try:
+                async for text in self.var.stream():
+                    yield _sse(make_chunk(self, text, None, first=False))
+            except ParrotError as e:
+                yield f"data: {_json(error_body(e))}\n\n"
+                return
+            yield _sse(make_chunk(self, None, self.finish_reason(), first=False))
+            if self.include_usage:
+                yield _sse(make_chunk(self, None, None, first=False, usage=self.usage()))
+            yield "data: [DONE]\n\n"
+        finally:
+            await self.manager.delete_session(self.session, "closed")
+
+
+class _ChunkMaker(Protocol):
+    def __call__(
+        self, run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+    ) -> BaseModel: ...
+
+
+def _completion_chunk(
+    run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+) -> BaseModel:
+    choices = [] if usage else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+    return Completion(id=run.id, created=run.created, model=run.model, choices=choices, usage=usage)
+
+
+def _chat_chunk(
+    run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+) -> BaseModel:
+    delta = ChatDelta(role="assistant", content="") if first else ChatDelta(content=text)
+    choices = [] if usage else [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
+    return ChatCompletionChunk(id=run.id, created=run.created, model=run.model, choices=choices, usage=usage)
+
+
+def _sse(chunk: BaseModel) -> str:
+    return f"data: {chunk.model_dump_json(exclude_none=False)}\n\n"
+
+
+def _json(body: object) -> str:
+    return json.dumps(body)

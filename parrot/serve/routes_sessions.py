@@ -1,0 +1,152 @@
+"""The public Semantic Variable API: sessions, semantic calls, variables (FastAPI routes).
+
+Thin: each route authenticates, then calls one Manager method; the models are those of
+parrot.protocol.public_api, so the OpenAPI schema is the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import (
+    MAX_GET_TIMEOUT_S,
+    CallInfo,
+    CallSpec,
+    CreateSessionRequest,
+    ErrorBody,
+    ErrorResponse,
+    SessionCreated,
+    SessionStatus,
+    SetVariableRequest,
+    StreamChunk,
+    SubmitRequest,
+    SubmitResponse,
+    VariableInfo,
+    VariableList,
+    VariableSpec,
+    VariableValue,
+)
+from parrot.serve.http_edge import BearerToken
+from parrot.serve.manager import Manager
+from parrot.serve.session import Session
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 410, 413)
+}
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=_ERRORS)
+
+
+def get_manager(request: Request) -> Manager:
+    manager = request.app.state.manager
+    assert isinstance(manager, Manager)
+    return manager
+
+
+ManagerDep = Annotated[Manager, Depends(get_manager)]
+
+
+def get_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
+    return manager.session(session_id, token)
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+@router.post("", status_code=201, response_model=SessionCreated)
+async def create_session(
+    api_key: BearerToken,
+    manager: ManagerDep,
+    req: Annotated[CreateSessionRequest | None, Body()] = None,
+) -> SessionCreated:
+    """Open a session with the tenant's API key; the answer's token authorizes the session's calls."""
+    return manager.create_session(api_key, None if req is None else req.idle_timeout_s)
+
+
+@router.delete("/{session_id}", status_code=204)
+async def delete_session(session: SessionDep, manager: ManagerDep) -> Response:
+    """Cancel the session's calls, free their engine contexts, fail its waiting gets (410)."""
+    await manager.delete_session(session)
+    return Response(status_code=204)
+
+
+@router.get("/{session_id}", response_model=SessionStatus)
+async def session_status(session: SessionDep, manager: ManagerDep) -> SessionStatus:
+    return manager.status(session)
+
+
+@router.post("/{session_id}/submit", response_model=SubmitResponse)
+async def submit(req: SubmitRequest, session: SessionDep, manager: ManagerDep) -> SubmitResponse:
+    """Create variables and submit semantic calls in one batch (all or nothing); returns at once."""
+    return manager.submit(session, req)
+
+
+@router.post("/{session_id}/calls", response_model=CallInfo)
+async def submit_call(spec: CallSpec, session: SessionDep, manager: ManagerDep) -> CallInfo:
+    """Submit one semantic call; returns its output variable ids at once."""
+    return manager.submit_call(session, spec)
+
+
+@router.post("/{session_id}/variables", status_code=201, response_model=VariableInfo)
+async def create_variable(spec: VariableSpec, session: SessionDep, manager: ManagerDep) -> VariableInfo:
+    return manager.create_variable(session, spec)
+
+
+@router.get("/{session_id}/variables", response_model=VariableList)
+async def list_variables(session: SessionDep, manager: ManagerDep) -> VariableList:
+    return manager.list_variables(session)
+
+
+@router.put("/{session_id}/variables/{var_id}", response_model=VariableInfo)
+async def set_variable(
+    var_id: str,
+    req: SetVariableRequest,
+    session: SessionDep,
+    manager: ManagerDep,
+) -> VariableInfo:
+    """Set an input variable to a value or an error, once (409 if set already or produced by a call)."""
+    return manager.set_variable(session, var_id, req.value, req.error)
+
+
+@router.get("/{session_id}/variables/{var_id}", response_model=VariableValue)
+async def get_variable(
+    var_id: str,
+    session: SessionDep,
+    manager: ManagerDep,
+    criteria: Annotated[Criteria, Query()] = Criteria.LATENCY,
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_GET_TIMEOUT_S)] = 60.0,
+) -> VariableValue:
+    """Wait until the variable is ready (408 after timeout_s); a failed variable answers with its error."""
+    return await manager.get_variable(session, var_id, criteria, timeout_s)
+
+
+@router.get(
+    "/{session_id}/variables/{var_id}/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {"schema": StreamChunk.model_json_schema()}}}},
+)
+async def stream_variable(
+    var_id: str,
+    session: SessionDep,
+    manager: ManagerDep,
+    criteria: Annotated[Criteria, Query()] = Criteria.LATENCY,
+) -> StreamingResponse:
+    """The variable's text as NDJSON StreamChunk lines while it is generated; the last has done or error."""
+    chunks = await manager.stream_variable(session, var_id, criteria)
+    return StreamingResponse(_ndjson(chunks), media_type="application/x-ndjson")
+
+
+async def _ndjson(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    try:
+        async for text in chunks:
+            yield StreamChunk(text=text).model_dump_json() + "\n"
+    except ParrotError as e:
+        error = ErrorBody(message=e.message, field=e.field, status=e.status)
+        yield StreamChunk(error=error).model_dump_json() + "\n"
+        return
+    yield StreamChunk(done=True).model_dump_json() + "\n"

@@ -1,0 +1,134 @@
+"""Scheduling: a pure function from a snapshot of waiting calls and engine loads to a plan.
+
+The executor builds the `Snapshot`, asks the configured policy for a `Plan`, and applies it; the
+policy never touches a session or an engine, so it is tested on hand-built snapshots.
+
+A plan says, for calls that are not yet dispatched:
+- `FailCall`: an input failed, so the call fails without running;
+- `Dispatch`: all inputs are set; run the call on this engine;
+- `EarlyFill`: inputs are missing, but the first `num_pieces` pieces are known; fill them now so the
+  prompt is mostly prefilled when the producer finishes (pipelining).
+
+Policies are strategies in `POLICIES`. Issue 4 adds app-centric ones (task groups, objective-aware
+capacity, prefix affinity) next to `fifo`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from parrot.protocol.errors import ParrotError
+
+CallKey = tuple[str, str]  # (session_id, call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    key: CallKey
+    model: str
+    order: int  # global submission order; a producer is always submitted before its consumers
+    inputs_ready: bool
+    failed_var_id: str | None  # an input that failed
+    num_ready_pieces: int  # leading pieces with known tokens (before the first output)
+    num_filled_pieces: int  # leading pieces already filled (or being filled) on `engine_id`
+    engine_id: str | None  # set once the call has a context on an engine (affinity)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    engine_id: str
+    model: str
+    num_running_calls: int
+    max_running_calls: int
+    num_early_filled_calls: int
+    max_early_filled_calls: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    calls: tuple[CallView, ...]
+    engines: tuple[EngineView, ...]
+    early_fill: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FailCall:
+    key: CallKey
+    var_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    key: CallKey
+    engine_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyFill:
+    key: CallKey
+    engine_id: str
+    num_pieces: int  # fill the leading pieces up to here
+
+
+@dataclass(frozen=True)
+class Plan:
+    fail: tuple[FailCall, ...] = ()
+    early_fill: tuple[EarlyFill, ...] = ()
+    dispatch: tuple[Dispatch, ...] = ()
+    blocked: tuple[CallKey, ...] = field(default=())  # ready, but no engine had capacity
+
+
+class Policy(Protocol):
+    def plan(self, snapshot: Snapshot) -> Plan:
+        """Decide for the snapshot's calls; pure: same snapshot, same plan."""
+        ...
+
+
+class FifoPolicy:
+    """Calls in submission order (so producers before consumers, and no starvation); each ready
+    call goes to the least-loaded engine of its model, or to the engine already holding its
+    context; early fills go where the fewest early-filled calls wait."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        running = {e.engine_id: e.num_running_calls for e in snapshot.engines}
+        early = {e.engine_id: e.num_early_filled_calls for e in snapshot.engines}
+        engines = {e.engine_id: e for e in snapshot.engines}
+        fail: list[FailCall] = []
+        early_fill: list[EarlyFill] = []
+        dispatch: list[Dispatch] = []
+        blocked: list[CallKey] = []
+        for call in sorted(snapshot.calls, key=lambda c: c.order):
+            if call.failed_var_id is not None:
+                fail.append(FailCall(call.key, call.failed_var_id))
+            elif call.inputs_ready:
+                engine_id = call.engine_id or _least(engines, running, call.model)
+                if engine_id is None or running[engine_id] >= engines[engine_id].max_running_calls:
+                    blocked.append(call.key)
+                    continue
+                running[engine_id] += 1
+                dispatch.append(Dispatch(call.key, engine_id))
+            elif snapshot.early_fill and call.num_ready_pieces > call.num_filled_pieces:
+                engine_id = call.engine_id
+                if engine_id is None:
+                    engine_id = _least(engines, early, call.model)
+                    if engine_id is None or early[engine_id] >= engines[engine_id].max_early_filled_calls:
+                        continue
+                    early[engine_id] += 1
+                early_fill.append(EarlyFill(call.key, engine_id, call.num_ready_pieces))
+        return Plan(tuple(fail), tuple(early_fill), tuple(dispatch), tuple(blocked))
+
+
+def _least(engines: dict[str, EngineView], load: dict[str, int], model: str) -> str | None:
+    candidates = [e for e in engines if engines[e].model == model]
+    return min(candidates, key=lambda e: (load[e], e), default=None)
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {"fifo": FifoPolicy}
+
+
+def make_policy(name: str) -> Policy:
+    if name not in POLICIES:
+        raise ParrotError(f"unknown scheduling policy {name!r}; known: {sorted(POLICIES)}", field="policy")
+    return POLICIES[name]()

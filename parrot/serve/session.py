@@ -1,0 +1,101 @@
+"""Sessions: one application run each, owned by one tenant, reached with a bearer token.
+
+The registry owns every live session and the tombstones of deleted or expired ones (so a late
+request learns *why* its session is gone). Tokens are stored only as SHA-256 hashes. Mutated only on
+the manager's event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections import OrderedDict
+
+from parrot.protocol.errors import ParrotError
+from parrot.serve.config import ManagerConfig
+from parrot.serve.graph import SessionGraph
+
+_NUM_TOMBSTONES = 10_000
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Session:
+    def __init__(self, session_id: str, tenant: str, token_hash: str, idle_timeout_s: float) -> None:
+        self.session_id = session_id
+        self.tenant = tenant
+        self.token_hash = token_hash
+        self.idle_timeout_s = idle_timeout_s
+        self.graph = SessionGraph()
+        self.created_at = time.monotonic()
+        self.last_active = self.created_at
+        self.num_waiting_gets = 0  # a waiting get keeps the session alive
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def idle_s(self, now: float | None = None) -> float:
+        return 0.0 if self.num_waiting_gets else (now or time.monotonic()) - self.last_active
+
+
+class SessionRegistry:
+    def __init__(self, config: ManagerConfig) -> None:
+        self.config = config
+        self.sessions: dict[str, Session] = {}
+        self._by_token_hash: dict[str, Session] = {}
+        self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
+
+    def tenant_of(self, api_key: str | None) -> str:
+        """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
+        if not api_key:
+            raise ParrotError("missing API key: send `Authorization: Bearer <key>`", status=401, field="authorization")
+        if self.config.api_keys and api_key not in self.config.api_keys:
+            raise ParrotError("invalid API key", status=401, field="authorization")
+        return "tenant-" + _hash(api_key)[:16]
+
+    def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
+        if len(self.sessions) >= self.config.max_sessions:
+            raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429)
+        session_id = "s-" + secrets.token_hex(8)
+        token = "pst-" + secrets.token_urlsafe(32)
+        session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
+        self.sessions[session_id] = session
+        self._by_token_hash[session.token_hash] = session
+        return session, token
+
+    def authenticate(self, token: str | None, session_id: str) -> Session:
+        """The session `session_id` if `token` is its token: 401 no/invalid token, 403 another
+        session's token, 404 unknown session, 410 a deleted or expired session."""
+        if not token:
+            raise ParrotError(
+                "missing session token: send `Authorization: Bearer <token>`", status=401, field="authorization"
+            )
+        token_hash = _hash(token)
+        session = self._by_token_hash.get(token_hash)
+        if session is None:
+            gone = self._tombstones.get(token_hash)
+            if gone is not None:
+                raise ParrotError(f"session {gone[0]!r} was {gone[1]}", status=410, field="session_id")
+            raise ParrotError("invalid session token", status=401, field="authorization")
+        if session.session_id != session_id:
+            if session_id in self.sessions:
+                raise ParrotError("this token belongs to another session", status=403, field="session_id")
+            raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+        session.touch()
+        return session
+
+    def remove(self, session_id: str, why: str) -> Session | None:
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            del self._by_token_hash[session.token_hash]
+            self._tombstones[session.token_hash] = (session_id, why)
+            while len(self._tombstones) > _NUM_TOMBSTONES:
+                self._tombstones.popitem(last=False)
+        return session
+
+    def expired(self, now: float | None = None) -> list[Session]:
+        now = now or time.monotonic()
+        return [s for s in self.sessions.values() if s.idle_s(now) > s.idle_timeout_s]

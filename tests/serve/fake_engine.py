@@ -1,0 +1,136 @@
+"""A small in-memory engine for the manager's unit tests: the engine API's semantics, no model.
+
+Contexts are token lists; a fork copies its parent's tokens. Generation asks `responder(prompt)`
+for the text, tokenizes it, and streams it token by token (stop strings and max_tokens honoured),
+appending the tokens to the context as the real engine does. Every request is logged with a
+timestamp so tests can assert on order. The real engine replaces it in the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError
+from parrot.text import IncrementalDecoder, Tokenizer
+
+
+def echo_tail(prompt: str) -> str:
+    """Default responder: the prompt's last word, upper-cased."""
+    words = prompt.split()
+    return " " + (words[-1].upper() if words else "EMPTY")
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        model_folder: Path,
+        responder: Callable[[str], str] = echo_tail,
+        token_delay_s: float = 0.0,
+        num_blocks: int = 1000,
+        block_size: int = 16,
+        max_model_len: int = 2048,
+    ) -> None:
+        self.model_folder = Path(model_folder)
+        self.model_name = "fake"
+        self.max_model_len = max_model_len
+        self.tokenizer = Tokenizer(model_folder)
+        self.responder = responder
+        self.token_delay_s = token_delay_s
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.contexts: dict[str, list[int]] = {}
+        self.busy: set[str] = set()
+        self.log: list[tuple[float, str, str, int]] = []  # (time, op, context_id, num_tokens)
+        self.fail_generate_when: Callable[[str], bool] = lambda prompt: False
+
+    def _num_used_blocks(self) -> int:
+        return sum(math.ceil(len(t) / self.block_size) for t in self.contexts.values())
+
+    def _context(self, context_id: str, parent_context_id: str | None) -> list[int]:
+        if parent_context_id is not None:
+            if context_id in self.contexts:
+                raise ParrotError(f"context {context_id!r} exists", status=409, field="context_id")
+            if parent_context_id not in self.contexts:
+                raise ParrotError(f"unknown parent {parent_context_id!r}", status=404, field="parent_context_id")
+            self.contexts[context_id] = list(self.contexts[parent_context_id])
+        return self.contexts.setdefault(context_id, [])
+
+    async def fill(self, req: FillRequest) -> FillResult:
+        await asyncio.sleep(0)
+        tokens = self._context(req.context_id, req.parent_context_id)
+        if len(tokens) + len(req.token_ids) > self.max_model_len:
+            raise ParrotError("too long", field="token_ids")
+        tokens.extend(req.token_ids)
+        self.log.append((time.monotonic(), "fill", req.context_id, len(req.token_ids)))
+        return FillResult(context_id=req.context_id, num_tokens=len(tokens), num_filled_tokens=len(req.token_ids))
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        tokens = self._context(req.context_id, req.parent_context_id)
+        if not tokens:
+            raise ParrotError("empty context", field="context_id")
+        self.busy.add(req.context_id)
+        self.log.append((time.monotonic(), "generate", req.context_id, len(tokens)))
+        try:
+            prompt = self.tokenizer.decode(tokens, skip_special_tokens=False)
+            if self.fail_generate_when(prompt):
+                yield TokenEvent(token_id=None, finish_reason="error", error="injected failure")
+                return
+            text = self.responder(prompt)
+            finish = "eos"
+            for stop in req.sampling.stop:
+                if stop in text:
+                    text, finish = text[: text.index(stop)], "stop"
+            ids = self.tokenizer.encode(text)
+            if len(ids) > req.sampling.max_tokens:
+                ids, finish = ids[: req.sampling.max_tokens], "length"
+            decoder = IncrementalDecoder(self.tokenizer)
+            for i, token_id in enumerate(ids):
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                else:
+                    await asyncio.sleep(0)
+                tokens.append(token_id)
+                last = i == len(ids) - 1
+                yield TokenEvent(token_id=token_id, text=decoder.push(token_id), finish_reason=finish if last else None)
+            if not ids:
+                yield TokenEvent(token_id=None, finish_reason=finish)
+            self.log.append((time.monotonic(), "generated", req.context_id, len(ids)))
+        finally:
+            self.busy.discard(req.context_id)
+
+    async def free_context(self, req: FreeContextRequest) -> None:
+        if req.context_id not in self.contexts:
+            raise ParrotError(f"unknown context {req.context_id!r}", status=404, field="context_id")
+        if req.context_id in self.busy:
+            raise ParrotError("busy", status=409, field="context_id")
+        del self.contexts[req.context_id]
+        self.log.append((time.monotonic(), "free", req.context_id, 0))
+
+    async def stats(self) -> EngineStats:
+        used = self._num_used_blocks()
+        return EngineStats(
+            model=self.model_name,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_blocks_total=self.num_blocks,
+            num_blocks_free=self.num_blocks - used,
+            num_contexts=len(self.contexts),
+            num_running=len(self.busy),
+            num_waiting=0,
+            recent_time_per_output_token_ms=0.0,
+            num_steps=0,
+            num_prefill_tokens=0,
+            num_decode_tokens=0,
+        )
