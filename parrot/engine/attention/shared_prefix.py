@@ -99,7 +99,9 @@ def plan_shared_prefixes(
         same = (sub == sub[0]).all(axis=0) & (sub[0] >= 0)
         end = start + (int(same.argmin()) if not same.all() else len(same))
         if end > pending and (end - pending) * bs >= cfg.min_shared_tokens:
-            segments.append(Segment(tuple(rows.tolist()), tuple(keys[rows[0], pending:end].tolist()), (end - pending) * bs))
+            segments.append(
+                Segment(tuple(rows.tolist()), tuple(keys[rows[0], pending:end].tolist()), (end - pending) * bs)
+            )
             shared[rows, pending:end] = True
             pending = end
         if end < width:

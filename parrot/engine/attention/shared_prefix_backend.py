@@ -6,7 +6,8 @@ sharing at least `min_shared_tokens` tokens), attends each shared prefix once fo
 (`cascade_decode`); otherwise it is exactly the per-context path. Prefill rows are untouched.
 
 `TritonSharedPrefixAttention` ("triton_shared_prefix") runs the same plan with the Triton kernels
-of `triton_kernels.py`; it needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` (tests).
+of `triton_kernels.py` (imported when the backend is built, so CPU engines never load triton); it
+needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` set before triton's import (tests).
 
 Both own their step metadata (`cascade`, `triton_meta`), valid until the next `prepare`.
 Importing this module registers both names in the attention registry.
@@ -14,9 +15,10 @@ Importing this module registers both names in the attention registry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from parrot.engine.attention import triton_kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.registry import register_backend
 from parrot.engine.attention.shared_prefix import (
@@ -27,6 +29,9 @@ from parrot.engine.attention.shared_prefix import (
     plan_shared_prefixes,
 )
 from parrot.engine.kv.cache import KVCache
+
+if TYPE_CHECKING:
+    from parrot.engine.attention import triton_kernels
 
 
 class SharedPrefixAttention(PagedAttention):
@@ -79,10 +84,13 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
         head_dim: int,
         grouping: GroupingConfig | None = None,
     ) -> None:
+        from parrot.engine.attention import triton_kernels
+
         reason = triton_kernels.unavailable_reason(cache.k.device)
         if reason is not None:
             raise ValueError(f"attention backend {self.name!r}: {reason}; use 'shared_prefix' on the CPU")
         super().__init__(cache, num_heads, num_kv_heads, head_dim, grouping)
+        self.kernels = triton_kernels
         self.triton_meta: triton_kernels.TritonCascadeMeta | None = None
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
@@ -96,13 +104,13 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
             self.prepare_shared(plan)
 
     def prepare_shared(self, plan: SharedPrefixPlan) -> None:
-        self.triton_meta = triton_kernels.TritonCascadeMeta.build(
+        self.triton_meta = self.kernels.TritonCascadeMeta.build(
             plan, self.cache.block_size, self.num_groups, self.cache.k.device
         )
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         assert self.triton_meta is not None, "decode before prepare"
-        return triton_kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.triton_meta, self.scale)
+        return self.kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.triton_meta, self.scale)
 
 
 # A grouping no batch satisfies: every row attends its whole KV as its tail.

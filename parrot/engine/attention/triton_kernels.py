@@ -13,12 +13,11 @@ Shapes: q [B, Hq, D]; k/v cache of one layer [num_blocks, block_size, Hkv, D]; p
 fp32 with m the running max of the log2-scaled scores and l the sum of exp2(score - m).
 Work items are int32 rows [row_off, num_rows, m_start, block_off, tok_start, tok_end, entry_base].
 
-Runs on CUDA tensors, or on CPU tensors under `TRITON_INTERPRET=1` (set before triton is first
-imported); there, bf16 `tl.dot` is broken, so operands are upcast to fp32. This module imports
-without triton; `unavailable_reason` says why it cannot run.
+Runs on CUDA tensors, or on CPU tensors under `TRITON_INTERPRET=1`, which must be set before
+triton is first imported (triton's own library functions are decorated then); there, bf16
+`tl.dot` is broken, so operands are upcast to fp32. This module imports without triton;
+`unavailable_reason` says why it cannot run. The backends import it only when one is built.
 """
-
-from __future__ import annotations
 
 import os
 from dataclasses import dataclass
@@ -38,17 +37,24 @@ _NUM_WORK_FIELDS = 7
 LOG2E = 1.4426950408889634
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+# Whether the kernels below were decorated as interpreted (CPU tensors) or compiled (CUDA).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def unavailable_reason(device: torch.device) -> str | None:
     """None when the kernels can run on tensors on `device`, else why not."""
     if triton is None:
         return "triton is not installed (pip install triton==3.9.0)"
-    if device.type == "cuda" or (device.type == "cpu" and interpreting()):
+    if INTERPRETED:
+        if device.type == "cpu":
+            return None
+        return f"TRITON_INTERPRET=1 runs kernels on CPU tensors only, and the KV cache is on {device}"
+    if device.type == "cuda":
         return None
-    return f"the KV cache is on {device}; Triton needs a CUDA device (or TRITON_INTERPRET=1 for CPU tests)"
+    return (
+        f"the KV cache is on {device}; Triton needs a CUDA device "
+        "(or TRITON_INTERPRET=1, set before triton is imported, for CPU tests)"
+    )
 
 
 if triton is not None:
@@ -59,7 +65,7 @@ if triton is not None:
         stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
         qk_scale, block_size,
         G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):  # fmt: skip
         work = work_ptr + tl.program_id(0) * 7
         kvh = tl.program_id(1)
@@ -89,20 +95,13 @@ if triton is not None:
             v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             if UPCAST:
                 k, v = k.to(tl.float32), v.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             s = tl.where(valid_n[None, :], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
         # Entries are [E, Hkv, G(, D)] contiguous; the segment's local row i is entry `entry + i`.
         stat_off = ((entry + local).to(tl.int64) * tl.num_programs(1) + kvh) * G + g
@@ -169,7 +168,7 @@ class TritonCascadeMeta:
         device: torch.device,
         prefix_split: int = 1024,
         tail_split: int = 512,
-    ) -> TritonCascadeMeta:
+    ) -> "TritonCascadeMeta":
         """`prefix_split`/`tail_split`: tokens per program (more programs keep a GPU busy)."""
         num_rows, tail_width = plan.tail_tables.shape
         rows = [np.asarray(s.rows, dtype=np.int64) for s in plan.segments] + [np.arange(num_rows)]
@@ -211,7 +210,11 @@ class TritonCascadeMeta:
         return cls(
             _Pass(dev(prefix_work).view(-1, _NUM_WORK_FIELDS), prefix_m),
             _Pass(dev(suffix_work).view(-1, _NUM_WORK_FIELDS), suffix_m),
-            dev(np.concatenate(rows)), dev(np.concatenate(blocks)), dev(offsets), dev(order), len(entry_row),
+            dev(np.concatenate(rows)),
+            dev(np.concatenate(blocks)),
+            dev(offsets),
+            dev(order),
+            len(entry_row),
         )
 
 
@@ -228,13 +231,13 @@ def cascade_decode(
     _, block_size, hkv, _ = k_cache.shape
     g = hq // hkv
     q = q.contiguous()
-    f32 = dict(dtype=torch.float32, device=q.device)
-    o_ws = torch.empty(meta.num_entries, hkv, g, d, **f32)  # type: ignore[arg-type]
-    m_ws = torch.empty(meta.num_entries, hkv, g, **f32)  # type: ignore[arg-type]
-    l_ws = torch.empty(meta.num_entries, hkv, g, **f32)  # type: ignore[arg-type]
-    # Under the interpreter bf16 dots are wrong: compute in fp32 there. fp32 operands: exact dots.
-    upcast = interpreting()
-    ieee = upcast or q.dtype == torch.float32
+    o_ws = torch.empty(meta.num_entries, hkv, g, d, dtype=torch.float32, device=q.device)
+    m_ws = torch.empty(meta.num_entries, hkv, g, dtype=torch.float32, device=q.device)
+    l_ws = torch.empty_like(m_ws)
+    # Under the interpreter bf16 dots are wrong: compute in fp32 there. fp32 operands get exact
+    # dots ("ieee"); fp16/bf16 ones the tensor cores' default ("tf32" only matters for fp32).
+    upcast = INTERPRETED
+    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"
     block_d = next_pow2(d)
     for p in (meta.prefix, meta.suffix):
         if p.work.shape[0] == 0:
@@ -243,7 +246,7 @@ def cascade_decode(
             q, k_cache, v_cache, o_ws, m_ws, l_ws, p.work, meta.rows, meta.blocks,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             scale * LOG2E, block_size,
-            G=g, D=d, BLOCK_D=block_d, BLOCK_M=p.block_m, BLOCK_N=64, UPCAST=upcast, IEEE=ieee,
+            G=g, D=d, BLOCK_D=block_d, BLOCK_M=p.block_m, BLOCK_N=64, UPCAST=upcast, DOT_PRECISION=precision,
         )  # fmt: skip
     out = torch.empty(b, hq * d, dtype=q.dtype, device=q.device)
     _merge_kernel[(b, hkv)](

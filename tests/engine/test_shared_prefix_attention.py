@@ -1,0 +1,358 @@
+"""Shared-prefix (cascade) decode attention: grouping, CPU kernel equality, engine end to end.
+
+Tolerances against the per-context reference (`PagedAttention`): fp32 atol=1e-6, rtol=1e-5; bf16
+atol=4e-3, rtol=1.6e-2 (the cascade rounds each partial output to bf16 before the fp32 merge, the
+reference rounds once). Block tables come from the engine's own ContextTable (forks share full
+blocks, a partly filled last block is copied on write), so grouping is tested on real layouts.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from parrot.engine.attention.base import PagedAttention, SeqSpec
+from parrot.engine.attention.shared_prefix import (
+    GroupingConfig,
+    Segment,
+    attend_with_lse,
+    attend_with_lse_math,
+    merge_partials,
+    plan_shared_prefixes,
+)
+from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.engine.kv.block_pool import BlockPool
+from parrot.engine.kv.cache import KVCache
+from parrot.engine.kv.context import Context, ContextTable
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.sampling import SamplingParams
+
+HQ, HKV, D = 9, 3, 64  # the default model's attention shape
+TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 4e-3, "rtol": 1.6e-2}}
+
+# A batch spec: members are an int (a decode row: a context of that many own tokens, its newest
+# token included) or (prefix_len, members) (a context forked by all its members).
+Spec = list
+
+
+def build_batch(spec: Spec, block_size: int, rng: random.Random | None = None) -> tuple[list[SeqSpec], int]:
+    """Fork contexts as the engine does; with `rng`, fills interleave with a neighbour's blocks."""
+    pool = BlockPool(1 << 20)
+    table = ContextTable(pool, block_size)
+    seqs: list[SeqSpec] = []
+    ids = iter(range(1 << 30))
+
+    def extend(ctx: Context, n: int) -> None:
+        end = ctx.num_computed + n
+        while ctx.num_computed < end:
+            step = (
+                end - ctx.num_computed if rng is None else min(end - ctx.num_computed, rng.randint(1, 3 * block_size))
+            )
+            table.reserve(ctx, ctx.num_computed + step)
+            ctx.num_computed += step
+            if rng is not None:
+                pool.allocate(1)  # so a prefix's block ids are not consecutive
+
+    def walk(members: Spec, parent: Context | None) -> None:
+        for m in members:
+            ctx = table.create(f"c{next(ids)}", parent)
+            if isinstance(m, int):
+                extend(ctx, m)
+                seqs.append(SeqSpec(1, ctx.num_computed, list(ctx.block_table)))
+            else:
+                extend(ctx, m[0])
+                walk(m[1], ctx)
+
+    walk(spec, None)
+    return seqs, pool.num_blocks - pool.num_free
+
+
+def random_cache(num_blocks: int, block_size: int, dtype: torch.dtype, seed: int) -> KVCache:
+    cache = KVCache(1, num_blocks, block_size, HKV, D, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    return cache
+
+
+def check_decode(
+    spec: Spec, block_size: int, dtype: torch.dtype, seed: int, grouping: GroupingConfig
+) -> SharedPrefixAttention:
+    rng = random.Random(seed)
+    seqs, num_blocks = build_batch(spec, block_size, rng if seed % 2 else None)
+    cache = random_cache(num_blocks, block_size, dtype, seed)
+    q = torch.randn(len(seqs), HQ, D, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    ref = PagedAttention(cache, HQ, HKV, D)
+    ref.prepare_decode(seqs)
+    shared = SharedPrefixAttention(cache, HQ, HKV, D, grouping)
+    shared.prepare_decode(seqs)
+    torch.testing.assert_close(shared.decode(0, q), ref.decode(0, q), **TOL[dtype])
+    return shared
+
+
+def rows(rng: random.Random, n: int, max_suffix: int) -> list[int]:
+    return [rng.randint(1, max_suffix) for _ in range(n)]
+
+
+def small_specs(seed: int) -> dict[str, Spec]:
+    rng = random.Random(seed)
+    return {
+        "one_group_of_64": [(rng.randint(256, 700), rows(rng, 64, 40))],
+        "nested_several_groups": [
+            (
+                rng.randint(256, 400),  # a system prompt shared by all...
+                [
+                    (rng.randint(256, 500), rows(rng, 3, 60)),  # ...a document shared by some
+                    (rng.randint(256, 300), rows(rng, 2, 60)),
+                    (rng.randint(1, 40), rows(rng, 2, 60)),  # a short turn: stays in the tails
+                    *rows(rng, 2, 60),
+                ],
+            ),
+            (rng.randint(256, 600), rows(rng, 5, 30)),
+            *rows(rng, 2, 300),
+        ],
+        "long_suffixes": [(rng.randint(256, 400), rows(rng, 4, 2048))],
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtype, seed: int) -> None:
+    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig())
+    assert shared.plan is not None and shared.plan.segments
+    if case == "nested_several_groups":  # system prompt, its 2 documents, the other group
+        assert len(shared.plan.segments) == 4
+        assert sum(0 in s.rows for s in shared.plan.segments) == 2  # row 0: system prompt and document
+
+
+@pytest.mark.parametrize(("block_size", "dtype"), [(16, torch.float32), (16, torch.bfloat16), (1, torch.float32)])
+def test_long_prefix(block_size: int, dtype: torch.dtype) -> None:
+    rng = random.Random(7)
+    spec: Spec = [(8192, rows(rng, 12, 200)), (2048, rows(rng, 2, 2000))]
+    shared = check_decode(spec, block_size, dtype, 3, GroupingConfig())
+    assert shared.plan is not None
+    assert [(len(s.rows), s.num_tokens) for s in shared.plan.segments] == [(12, 8192), (2, 2048)]
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_no_group_pays_falls_back(block_size: int) -> None:
+    # Groups of one, no prefix at all, and a shared prefix below the threshold.
+    spec: Spec = [(300, [5]), 17, 40, (100, [3, 9])]
+    shared = check_decode(spec, block_size, torch.float32, 2, GroupingConfig())
+    assert shared.plan is None and shared.num_shared_steps == 0
+
+
+def test_fork_of_partial_block_shares_only_full_blocks() -> None:
+    seqs, _ = build_batch([(40, [3, 5])], block_size=16)
+    # 40 tokens = 2 full blocks + 8 slots copied on write into each child's own third block.
+    assert seqs[0].block_table[:2] == seqs[1].block_table[:2]
+    assert seqs[0].block_table[2] != seqs[1].block_table[2]
+    plan = plan_shared_prefixes([s.block_table for s in seqs], [s.seq_len for s in seqs], 16, GroupingConfig(2, 32))
+    assert plan.segments == (Segment((0, 1), tuple(seqs[0].block_table[:2]), 32),)
+    assert plan.tail(0) == ([seqs[0].block_table[2]], 11)
+    assert plan.tail(1) == ([seqs[1].block_table[2]], 13)
+
+
+# Hand-made tables, block size 4: blocks 0-3 a system prompt; 10-11 and 12-13 two documents.
+TABLES = [
+    [0, 1, 2, 3, 10, 11, 20],
+    [0, 1, 2, 3, 10, 11, 21],
+    [0, 1, 2, 3, 12, 13, 22],
+    [0, 1, 2, 3, 12, 13, 23, 24],
+    [0, 1, 2, 3, 25],
+    [30, 31],
+]
+LENS = [26, 27, 25, 30, 17, 6]
+
+
+def test_grouping_two_levels() -> None:
+    plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=8))
+    assert plan.segments == (
+        Segment((0, 1, 2, 3, 4), (0, 1, 2, 3), 16),
+        Segment((0, 1), (10, 11), 8),
+        Segment((2, 3), (12, 13), 8),
+    )
+    tails = [plan.tail(i) for i in range(6)]
+    assert tails == [([20], 2), ([21], 3), ([22], 1), ([23, 24], 6), ([25], 1), ([30, 31], 6)]
+
+
+def test_grouping_threshold_keeps_short_runs_per_row() -> None:
+    plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=12))
+    assert plan.segments == (Segment((0, 1, 2, 3, 4), (0, 1, 2, 3), 16),)
+    assert plan.tail(0) == ([10, 11, 20], 10)
+    assert plan.tail(3) == ([12, 13, 23, 24], 14)
+
+
+def test_grouping_carries_a_short_parent_into_its_children() -> None:
+    # The system prompt alone (16 tokens) is too short; with each document it pays (24).
+    plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=20))
+    assert plan.segments == (
+        Segment((0, 1), (0, 1, 2, 3, 10, 11), 24),
+        Segment((2, 3), (0, 1, 2, 3, 12, 13), 24),
+    )
+    assert plan.tail(4) == ([0, 1, 2, 3, 25], 17)
+    assert plan.tail(5) == ([30, 31], 6)
+
+
+def test_grouping_min_group_size_and_newest_block() -> None:
+    plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_group_size=3, min_shared_tokens=8))
+    assert plan.segments == (Segment((0, 1, 2, 3, 4), (0, 1, 2, 3), 16),)
+    # Identical tables: the block holding the newest token (being written) is never shared.
+    plan = plan_shared_prefixes([[5, 6], [5, 6]], [8, 8], 4, GroupingConfig(min_shared_tokens=4))
+    assert plan.segments == (Segment((0, 1), (5,), 4),)
+    assert [plan.tail(i) for i in range(2)] == [([6], 4), ([6], 4)]
+    empty = plan_shared_prefixes([], [], 4)
+    assert empty.segments == () and empty.tail_tables.shape == (0, 0)
+
+
+def test_grouping_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="min_group_size"):
+        GroupingConfig(min_group_size=1)
+    with pytest.raises(ValueError, match="min_shared_tokens"):
+        GroupingConfig(min_shared_tokens=0)
+
+
+def test_merge_of_disjoint_key_sets_is_exact() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, HKV, 5, D, generator=gen) * 3  # [E, Hkv, G, D] with G=5 query rows
+    k, v = torch.randn(2, HKV, 300, D, generator=gen), torch.randn(2, HKV, 300, D, generator=gen)
+    full, _ = attend_with_lse_math(q, k, v, None, D**-0.5)
+    parts = [attend_with_lse(q, k[:, :, a:b], v[:, :, a:b], None, D**-0.5) for a, b in [(0, 1), (1, 120), (120, 300)]]
+    outs, lses = torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
+    merged = merge_partials(outs, lses, torch.tensor([0, 1] * 3), 2)
+    torch.testing.assert_close(merged, full, atol=1e-5, rtol=1e-5)
+    # The fused CPU kernel and the plain math agree on the log-sum-exp too.
+    torch.testing.assert_close(parts[1][1], attend_with_lse_math(q, k[:, :, 1:120], v[:, :, 1:120], None, D**-0.5)[1])
+
+
+def test_forward_with_prefill_rows_matches_reference() -> None:
+    """The whole step: cache writes, cascade decode rows, then a prefill chunk, as the runner calls it."""
+    seqs, num_blocks = build_batch([(300, [4, 9, 1]), (64, [2])], 16)
+    bs = 16
+    prefill = SeqSpec(num_new=20, seq_len=20, block_table=[num_blocks, num_blocks + 1])
+    steps = [*seqs, prefill]
+    cache = random_cache(num_blocks + 2, bs, torch.float32, 5)
+    slots = [s.block_table[(s.seq_len - 1) // bs] * bs + (s.seq_len - 1) % bs for s in seqs]
+    slots += [num_blocks * bs + i for i in range(20)]
+    n = len(slots)
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (
+        torch.randn(n, HQ, D, generator=gen),
+        torch.randn(n, HKV, D, generator=gen),
+        torch.randn(n, HKV, D, generator=gen),
+    )
+    outs = []
+    for backend in (PagedAttention(cache, HQ, HKV, D), SharedPrefixAttention(cache, HQ, HKV, D)):
+        backend.prepare(steps, torch.tensor(slots))
+        outs.append(backend.forward(0, q, k, v))
+    assert isinstance(backend, SharedPrefixAttention) and backend.plan is not None
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 40000) for _ in range(n)]
+
+
+def submit(engine: LLMEngine, submit: str, req: FillRequest | GenerateRequest) -> queue.Queue:
+    events: queue.Queue = queue.Queue()
+    getattr(engine, submit)(req, events.put)
+    return events
+
+
+def drain(events: queue.Queue) -> list[tuple[int, float]]:
+    """A fill's or a generation's events -> [(token id, logprob)] (empty for a fill)."""
+    tokens = []
+    while True:
+        ev = events.get(timeout=300)
+        if isinstance(ev, ParrotError):
+            raise ev
+        if isinstance(ev, FillResult):
+            return tokens
+        assert isinstance(ev, TokenEvent) and ev.token_id is not None and ev.logprob is not None
+        tokens.append((ev.token_id, ev.logprob))
+        if ev.finish_reason is not None:
+            return tokens
+
+
+def generate_forks(engine: LLMEngine, prefix: list[int], docs: list[list[int]], turns: list[list[int]],
+                   max_tokens: int) -> list[list[tuple[int, float]]]:  # fmt: skip
+    """A system prompt, documents forked from it, turns forked from each; all turns decode together."""
+    drain(submit(engine, "submit_fill", FillRequest(context_id="sys", token_ids=prefix)))
+    for d, doc in enumerate(docs):
+        drain(submit(engine, "submit_fill", FillRequest(context_id=f"doc{d}", token_ids=doc, parent_context_id="sys")))
+    parents = [f"doc{d}" for d in range(len(docs))] + ["sys"]
+    leaves = []
+    for i, turn in enumerate(turns):
+        leaves.append(f"turn{i}")
+        req = FillRequest(context_id=leaves[-1], token_ids=turn, parent_context_id=parents[i % len(parents)])
+        drain(submit(engine, "submit_fill", req))
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    handles = [submit(engine, "submit_generate", GenerateRequest(context_id=c, sampling=sampling)) for c in leaves]
+    return [drain(h) for h in handles]
+
+
+def assert_same_generations(got: list, expected: list) -> None:
+    """Same greedy tokens, and logprobs equal to fp32 rounding (a wrong attention moves them)."""
+    assert [[t for t, _ in g] for g in got] == [[t for t, _ in g] for g in expected]
+    torch.testing.assert_close(torch.tensor(got)[..., 1], torch.tensor(expected)[..., 1], atol=1e-4, rtol=0)
+
+
+def run_engine(folder: Path, attention: str, block_size: int, dtype: str = "float32", **kw: object) -> tuple:
+    import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers "shared_prefix")
+
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(folder), dtype=dtype, attention=attention, block_size=block_size, num_blocks=4096 // block_size
+        )
+    )
+    engine.start()
+    try:
+        return generate_forks(engine, **kw), engine.runner.backend  # type: ignore[arg-type]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_engine_tokens_equal_per_context(tiny_model_folder: Path, block_size: int) -> None:
+    kw = {"prefix": prompt(0, 300), "docs": [prompt(1, 280), prompt(2, 300)],
+          "turns": [prompt(10 + i, 3 + 5 * i) for i in range(7)], "max_tokens": 8}  # fmt: skip
+    paged, _ = run_engine(tiny_model_folder, "paged", block_size, **kw)
+    shared, backend = run_engine(tiny_model_folder, "shared_prefix", block_size, **kw)
+    assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
+    assert_same_generations(shared, paged)
+    assert all(len(t) == 8 for t in shared)
+
+
+@pytest.mark.slow
+def test_real_model_forked_batch_same_greedy_tokens(default_model_folder: Path) -> None:
+    from parrot.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(default_model_folder)
+    system = (
+        "You are a careful assistant for a public library. Answer in one short sentence, name the source "
+        "when you know it, and say so plainly when you do not know. "
+    ) * 10
+    questions = ["What is the capital of France?", "Who wrote Hamlet?", "How many legs does a spider have?",
+                 "What is the boiling point of water?", "Name a primary colour.", "What is 12 times 12?"]  # fmt: skip
+    kw = {"prefix": tok.encode(system), "docs": [], "turns": [tok.encode(" Question: " + q) for q in questions],
+          "max_tokens": 16}  # fmt: skip
+    assert len(kw["prefix"]) >= 300
+    paged, _ = run_engine(default_model_folder, "paged", 16, **kw)
+    shared, backend = run_engine(default_model_folder, "shared_prefix", 16, **kw)
+    assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
+    assert_same_generations(shared, paged)
+    assert np.unique([t[0][0] for t in shared]).size > 1  # the questions differ, so do the answers
