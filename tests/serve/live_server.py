@@ -1,0 +1,159 @@
+"""Real-engine fixtures for integration tests: a tiny-model AsyncEngine, a recording wrapper, and
+the manager's app served by uvicorn on 127.0.0.1 (OS-picked port) in a background thread.
+
+Imported by tests/serve/conftest.py and tests/frontend/conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from parrot.engine.api import AsyncEngine
+from parrot.engine.config import EngineConfig
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.manager import Manager
+
+
+class RecordingEngine:
+    """Delegates to an engine and logs (time, op, context_id, num_tokens) of every request;
+    "generated" is logged when a generation's last event arrives."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.model_folder = engine.model_folder
+        self.log: list[tuple[float, str, str, int]] = []
+
+    async def fill(self, req: FillRequest) -> FillResult:
+        self.log.append((time.monotonic(), "fill", req.context_id, len(req.token_ids)))
+        return await self.engine.fill(req)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        self.log.append((time.monotonic(), "generate", req.context_id, 0))
+        num_tokens = 0
+        async for event in self.engine.generate(req):
+            num_tokens += event.token_id is not None
+            if event.finish_reason is not None:
+                self.log.append((time.monotonic(), "generated", req.context_id, num_tokens))
+            yield event
+
+    async def free_context(self, req: FreeContextRequest) -> None:
+        await self.engine.free_context(req)
+        self.log.append((time.monotonic(), "free", req.context_id, 0))
+
+    async def stats(self) -> EngineStats:
+        return await self.engine.stats()
+
+    def first(self, op: str, context_suffix: str) -> float:
+        return next(t for t, o, c, _ in self.log if o == op and c.endswith(context_suffix))
+
+
+def start_tiny_engine(model_folder: Path, num_blocks: int = 4096) -> AsyncEngine:
+    engine = AsyncEngine(EngineConfig(model=str(model_folder), dtype="float32", num_blocks=num_blocks, block_size=16))
+    engine.start()
+    return engine
+
+
+@contextmanager
+def serve_app(app: FastAPI) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
+    """Serve `app` (lifespan on) on 127.0.0.1:0 in a thread; yield (base_url, the server's loop)."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the manager's server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", loop
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        loop.close()
+
+
+@dataclass
+class LiveServer:
+    url: str
+    manager: Manager
+    engine: RecordingEngine
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, coro):  # type: ignore[no-untyped-def]
+        """Run a coroutine on the server's loop (the manager's state lives there)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def stats(self) -> EngineStats:
+        return self.call(self.engine.stats())
+
+    def wait_blocks_free(self, num_blocks_free: int, timeout_s: float = 30.0) -> EngineStats:
+        """Poll until the engine's free block count is `num_blocks_free` (frees run after calls end)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.stats()
+            if stats.num_blocks_free == num_blocks_free or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
+    def direct_generate(self, token_ids: list[int], sampling: SamplingParams) -> str:
+        """The oracle: fill `token_ids` into a fresh context, generate, free; the text."""
+
+        async def go() -> str:
+            context_id = f"oracle-{uuid.uuid4().hex}"
+            await self.engine.engine.fill(FillRequest(context_id=context_id, token_ids=token_ids))
+            text = "".join(
+                [
+                    e.text
+                    async for e in self.engine.engine.generate(
+                        GenerateRequest(context_id=context_id, sampling=sampling)
+                    )
+                ]
+            )
+            await self.engine.engine.free_context(FreeContextRequest(context_id=context_id))
+            return text
+
+        return self.call(go())
+
+
+@contextmanager
+def live_server(engine: AsyncEngine, config: ManagerConfig | None = None) -> Iterator[LiveServer]:
+    recorder = RecordingEngine(engine)
+    manager = create_manager([recorder], config=config)
+    with serve_app(create_app(manager)) as (url, loop):
+        yield LiveServer(url, manager, recorder, loop)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_folder: Path) -> Iterator[AsyncEngine]:
+    engine = start_tiny_engine(tiny_model_folder)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def server(tiny_engine: AsyncEngine) -> Iterator[LiveServer]:
+    with live_server(tiny_engine, ManagerConfig(max_running_calls_per_engine=128)) as srv:
+        yield srv

@@ -1,0 +1,289 @@
+"""The manager and its graph executor against the in-memory FakeEngine: exact engine traffic."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from fake_engine import FakeEngine
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve.config import ManagerConfig
+from parrot.serve.manager import Manager, create_manager
+from parrot.serve.session import Session
+
+
+def run(
+    folder: Path,
+    body: Callable[[Manager, Session, FakeEngine], Awaitable[None]],
+    config: ManagerConfig | None = None,
+    **engine_kw: object,
+) -> FakeEngine:
+    engine = FakeEngine(folder, **engine_kw)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        manager = create_manager([engine], config=config)
+        await manager.start()
+        created = manager.create_session("key")
+        session = manager.session(created.session_id, created.token)
+        try:
+            await body(manager, session, engine)
+        finally:
+            await manager.stop()
+
+    asyncio.run(main())
+    return engine
+
+
+def spec(template: str, sampling: SamplingParams | None = None, **bindings: Binding) -> CallSpec:
+    return CallSpec(template=template, bindings=bindings, default_sampling=sampling or SamplingParams())
+
+
+def ops(engine: FakeEngine) -> list[tuple[str, str, int]]:
+    return [(op, ctx.split(".", 1)[1], n) for _, op, ctx, n in engine.log]
+
+
+def test_consumer_prefix_is_filled_before_its_producer_finishes(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        tok = manager.pool.for_model("fake").tokenizer
+        manager.submit(
+            session,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="doc", value="alpha beta"), VariableSpec(var_id="ready", value="gamma")],
+                calls=[
+                    spec("Summarize {{input:d}} now:{{output:s}}", d=Binding(var_id="doc")),
+                    spec(
+                        "Rewrite {{input:r}} then {{input:s}} done:{{output:t}}",
+                        r=Binding(var_id="ready"),
+                        s=Binding(var_id="c0~s"),
+                    ),
+                ],
+            ),
+        )
+        got = await manager.get_variable(session, "c1~t")
+        assert got.value == " DONE:"
+        prefix = len(tok.encode("Rewrite ")) + len(tok.encode("gamma")) + len(tok.encode(" then "))
+        producer_prompt = len(tok.encode("Summarize ")) + len(tok.encode("alpha beta")) + len(tok.encode(" now:"))
+        rest = len(tok.encode(" NOW:")) + len(tok.encode(" done:"))
+        assert ops(engine)[:6] == [
+            ("fill", "c1", prefix),  # the consumer's ready prefix, before the producer even starts
+            ("fill", "c0", producer_prompt),
+            ("generate", "c0", producer_prompt),
+            ("free", "c0", 0),
+            ("fill", "c1", rest),
+            ("generate", "c1", prefix + rest),
+        ]
+        assert manager.status(session).num_calls_done == 2
+
+    run(default_model_folder, body, token_delay_s=0.005)
+
+
+def test_multi_output_per_output_sampling_and_shared_variable(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        resp = manager.submit(
+            session,
+            SubmitRequest(
+                calls=[
+                    CallSpec(
+                        template="Tell {{input:topic}} joke:{{output:joke}} why: because{{output:why}}",
+                        bindings={"topic": Binding(value="cats")},
+                        sampling={"joke": SamplingParams(max_tokens=1)},
+                    ),
+                    spec("A {{input:j}} one:{{output:a}}", j=Binding(var_id="c0~joke")),
+                    spec("B {{input:j}} two:{{output:b}}", j=Binding(var_id="c0~joke")),
+                ]
+            ),
+        )
+        assert resp.calls[0].outputs == {"joke": "c0~joke", "why": "c0~why"}
+        # " JOKE:" is several tokens; max_tokens=1 keeps the first. `why` continues after it.
+        assert (await manager.get_variable(session, "c0~joke")).value == " JO"
+        assert (await manager.get_variable(session, "c0~why")).value == " BECAUSE"
+        assert (await manager.get_variable(session, "c1~a")).value == " ONE:"
+        assert (await manager.get_variable(session, "c2~b")).value == " TWO:"
+        assert session.graph.calls["c0"].finish_reasons == {"joke": "length", "why": "eos"}
+        assert [c.call_id for c in session.graph.consumers("c0~joke")] == ["c1", "c2"]
+
+    run(default_model_folder, body)
+
+
+def test_errors_propagate_to_every_dependent_variable(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        engine.fail_generate_when = lambda prompt: "BOOM" in prompt
+        manager.submit(
+            session,
+            SubmitRequest(
+                calls=[
+                    spec("x BOOM {{output:a}}"),
+                    spec("y {{input:a}} {{output:b}}", a=Binding(var_id="c0~a")),
+                    spec("z {{input:b}} {{output:c}}", b=Binding(var_id="c1~b")),
+                    spec("fine {{output:d}}"),
+                ]
+            ),
+        )
+        with pytest.raises(ParrotError) as first:
+            await manager.get_variable(session, "c0~a")
+        assert first.value.status == 500
+        assert first.value.message == "call c0 failed: engine error while generating 'a': injected failure"
+        with pytest.raises(ParrotError) as last:
+            await manager.get_variable(session, "c2~c")
+        assert last.value.status == 424
+        assert last.value.message == (
+            "input 'b' of call c2 failed: input 'a' of call c1 failed: "
+            "call c0 failed: engine error while generating 'a': injected failure"
+        )
+        assert (await manager.get_variable(session, "c3~d")).value == " FINE"
+        status = manager.status(session)
+        assert (status.num_calls_done, status.num_calls_failed) == (1, 3)
+        await manager.drain()
+        assert engine.contexts == {}
+
+    run(default_model_folder, body)
+
+
+def test_set_get_errors_and_timeouts(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        manager.submit(
+            session,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="in")],
+                calls=[spec("q {{input:x}} {{output:o}}", x=Binding(var_id="in"))],
+            ),
+        )
+        with pytest.raises(ParrotError) as info:
+            await manager.get_variable(session, "c0~o", timeout_s=0.05)
+        assert (info.value.status, info.value.field) == (408, "timeout_s")
+        with pytest.raises(ParrotError) as info:
+            manager.set_variable(session, "c0~o", "mine")
+        assert info.value.status == 409
+        with pytest.raises(ParrotError) as info:
+            manager.set_variable(session, "nope", "v")
+        assert (info.value.status, info.value.field) == (404, "var_id")
+        manager.set_variable(session, "in", "word")
+        with pytest.raises(ParrotError) as info:
+            manager.set_variable(session, "in", "again")
+        assert info.value.status == 409
+        got = await manager.get_variable(session, "c0~o", criteria=Criteria.THROUGHPUT)
+        assert got.value == " WORD"
+        # The first (timed-out) get asked for latency, and latency wins over throughput.
+        assert session.graph.variables["c0~o"].criteria is Criteria.LATENCY
+        assert session.graph.variables["in"].criteria is None
+        # A client-side failure (a native function) reaches the consumers.
+        manager.submit(
+            session,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="nat")],
+                calls=[spec("n {{input:x}} {{output:o}}", x=Binding(var_id="nat"))],
+            ),
+        )
+        manager.set_variable(session, "nat", None, error="ValueError: bad")
+        with pytest.raises(ParrotError) as info:
+            await manager.get_variable(session, "c1~o")
+        assert info.value.status == 424
+        assert "set to an error by the client: ValueError: bad" in info.value.message
+
+    run(default_model_folder, body)
+
+
+def test_prompts_past_the_context_are_refused(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        long_text = "word " * 300
+        with pytest.raises(ParrotError) as info:
+            manager.submit(session, SubmitRequest(calls=[spec("{{input:x}} {{output:o}}", x=Binding(value=long_text))]))
+        assert (info.value.status, info.value.field) == (400, "calls[0].template")
+        assert "exceed the model's context of 256 tokens" in info.value.message
+        assert manager.status(session).num_calls == 0 and session.graph.variables == {}
+        # Known only at run time: the call fails and its get says why.
+        manager.submit(
+            session,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="late")],
+                calls=[spec("{{input:x}} {{output:o}}", x=Binding(var_id="late"))],
+            ),
+        )
+        manager.set_variable(session, "late", long_text)
+        with pytest.raises(ParrotError) as info:
+            await manager.get_variable(session, "c0~o")
+        assert (info.value.status, info.value.field) == (400, "prompt")
+
+    run(default_model_folder, body, max_model_len=256)
+
+
+def test_delete_wakes_waiting_gets_and_frees_every_context(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        manager.submit(
+            session,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="never")],
+                calls=[
+                    spec("slow {{output:a}}", SamplingParams(max_tokens=50)),
+                    spec("waits for {{input:n}} {{output:b}}", n=Binding(var_id="never")),
+                ],
+            ),
+        )
+        engine.responder = lambda prompt: " tok" * 50
+        waiting = asyncio.create_task(manager.get_variable(session, "c1~b"))
+        streaming = asyncio.create_task(_collect(await manager.stream_variable(session, "c0~a")))
+        while len(engine.contexts) < 2 or not session.graph.variables["c0~a"].chunks:
+            await asyncio.sleep(0.005)  # c0 generating, c1's prefix filled early
+        await manager.delete_session(session)
+        for task in (waiting, streaming):
+            with pytest.raises(ParrotError) as info:
+                await task
+            assert info.value.status == 410
+            assert info.value.message == f"session {session.session_id!r} was deleted"
+        await manager.drain()
+        assert engine.contexts == {}
+        assert (await engine.stats()).num_blocks_free == engine.num_blocks
+        with pytest.raises(ParrotError) as info:
+            manager.session(session.session_id, "pst-whatever")
+        assert info.value.status == 401
+
+    run(default_model_folder, body, token_delay_s=0.01)
+
+
+async def _collect(chunks) -> list[str]:  # type: ignore[no-untyped-def]
+    return [c async for c in chunks]
+
+
+def test_idle_sessions_expire(default_model_folder: Path) -> None:
+    config = ManagerConfig(session_idle_timeout_s=0.1, expiry_interval_s=0.02)
+
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        created = manager.create_session("key")
+        other = manager.session(created.session_id, created.token)
+        manager.submit(
+            other,
+            SubmitRequest(
+                variables=[VariableSpec(var_id="x")], calls=[spec("a {{input:x}} {{output:o}}", x=Binding(var_id="x"))]
+            ),
+        )
+        await asyncio.sleep(0.3)
+        with pytest.raises(ParrotError) as info:
+            manager.session(created.session_id, created.token)
+        assert info.value.status == 410
+        assert info.value.message == f"session {created.session_id!r} was expired after 0.1 s idle"
+        await manager.drain()
+        assert engine.contexts == {}
+
+    run(default_model_folder, body, config=config)
+
+
+def test_session_tokens_are_checked(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        other = manager.create_session("key")
+        for token, session_id, status in [
+            (None, session.session_id, 401),
+            ("pst-forged", session.session_id, 401),
+            (other.token, session.session_id, 403),
+            (other.token, "s-unknown", 404),
+        ]:
+            with pytest.raises(ParrotError) as info:
+                manager.session(session_id, token)
+            assert info.value.status == status
+
+    run(default_model_folder, body)
