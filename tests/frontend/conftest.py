@@ -4,4 +4,4 @@ from pathlib import Path
 # The real-engine server fixtures live beside the manager's tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
 
-from live_server import server, tiny_engine  # noqa: E402, F401  (fixtures)
+from live_server import server, tiny_engine  # noqa: F401  (fixtures)
