@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from benchmarks.data import (  # noqa: E402
+from benchmarks.data import (
     AGENTS,
     AGENTS_MEMBER,
     COMPLETE_MARKER,

@@ -1,0 +1,1 @@
+"""Benchmarks: programs (not timed tests) that measure Parrot against its peers side by side."""

