@@ -28,7 +28,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics, as the reference implementation, so fp32 runs are bit-identical.
+        if x.dtype != torch.float32:
+            # The fused kernel (float32 statistics inside) is about 2x faster in bf16.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # float32: the reference implementation's exact op order, so outputs are bit-identical.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -45,15 +48,16 @@ class DecoderLayer(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.splits = (q_dim, kv_dim, kv_dim)
+        self.qk_v = (q_dim + kv_dim, kv_dim)
 
     def forward(
         self, idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
-        q, k, v = self.qkv(self.input_norm(x)).split(self.splits, dim=-1)
-        q = apply_rope(q.view(n, cfg.num_heads, cfg.head_dim), cos, sin)
-        k = apply_rope(k.view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        qk, v = self.qkv(self.input_norm(x)).split(self.qk_v, dim=-1)
+        # One rotary op over the q and k heads together: [N, Hq + Hkv, D].
+        qk = apply_rope(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         x = x + self.o(attend(idx, q, k, v))
         gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)

@@ -1,0 +1,66 @@
+"""Parrot's builtin engine measured with the same two probes as the peers (in process)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from parrot.engine import blocking
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+
+
+class ParrotEngineProbe:
+    def __init__(self, model_folder: str, dtype: str = "bfloat16", num_threads: int = 2) -> None:
+        torch.set_num_threads(num_threads)
+        self.engine = LLMEngine(EngineConfig(model=model_folder, dtype=dtype, max_num_batched_tokens=4096))
+        self.engine.start()
+        self._rng = random.Random(0)
+        self._n = 0
+
+    def close(self) -> None:
+        self.engine.stop()
+
+    def _prompt(self, n: int) -> list[int]:
+        return [self._rng.randrange(100, 40000) for _ in range(n)]
+
+    def _cid(self) -> str:
+        self._n += 1
+        return f"bench{self._n}"
+
+    def measure_prefill(self, lengths: list[int], repeats: int = 2) -> dict[int, float]:
+        """Prompt tokens per second: fill + first token, best of `repeats` (distinct prompts)."""
+        out: dict[int, float] = {}
+        for n in lengths:
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first run warms up
+                cid = self._cid()
+                t0 = time.perf_counter()
+                blocking.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+                blocking.generate(self.engine, GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1)))
+                best = min(best, time.perf_counter() - t0)
+                self.engine.free_context(FreeContextRequest(context_id=cid))
+            out[n] = n / best
+        return out
+
+    def measure_decode(self, batch_sizes: list[int], new_tokens: int = 32, prompt_len: int = 32) -> dict[int, float]:
+        """Generated tokens per second with `b` sequences decoding together (prefill excluded)."""
+        out: dict[int, float] = {}
+        for b in batch_sizes:
+            cids = [self._cid() for _ in range(b)]
+            for cid in cids:
+                blocking.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(prompt_len)))
+            sampling = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+            t0 = time.perf_counter()
+            handles = [
+                blocking.submit_generate(self.engine, GenerateRequest(context_id=c, sampling=sampling)) for c in cids
+            ]
+            for h in handles:
+                blocking.wait_generate(h)
+            out[b] = b * new_tokens / (time.perf_counter() - t0)
+            for cid in cids:
+                self.engine.free_context(FreeContextRequest(context_id=cid))
+        return out
