@@ -52,9 +52,8 @@ class CallRunner:
         token_ids = pieces_token_ids(self.call, self.variables, self.engine.tokenizer, start, stop)
         if token_ids:
             self.has_context = True  # before the await: the engine may create it even if we are cancelled
-            result = await self.engine.client.fill(FillRequest(context_id=self.context_id, token_ids=token_ids))
+            await self.engine.client.fill(FillRequest(context_id=self.context_id, token_ids=token_ids))
             self.call.num_prompt_tokens += len(token_ids)
-            self.call.num_cached_tokens += len(token_ids) - result.num_filled_tokens
         self.num_filled_pieces = stop
 
     async def run(self) -> None:

@@ -59,7 +59,10 @@ class CallNode:
         self.finished_at: float | None = None
         # Usage, written by the runner.
         self.num_prompt_tokens = 0
-        self.num_cached_tokens = 0  # prompt tokens the engine did not have to compute
+        # Prompt tokens whose KV came from a context this call forked from. The manager knows it
+        # from the fork (FillResult.num_filled_tokens is no guide: the engine computes a fill's
+        # last token with the next generate). No forks yet, so 0 until prefix sharing (issue 4).
+        self.num_cached_tokens = 0
         self.num_generated_tokens = 0
         self.finish_reasons: dict[str, str] = {}  # output name -> the engine's finish reason
 

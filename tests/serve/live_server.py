@@ -76,7 +76,9 @@ def start_tiny_engine(model_folder: Path, num_blocks: int = 4096) -> AsyncEngine
 @contextmanager
 def serve_app(app: FastAPI) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
     """Serve `app` (lifespan on) on 127.0.0.1:0 in a thread; yield (base_url, the server's loop)."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
@@ -92,7 +94,8 @@ def serve_app(app: FastAPI) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-        loop.close()
+        if not thread.is_alive():
+            loop.close()
 
 
 @dataclass
