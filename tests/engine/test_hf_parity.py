@@ -52,3 +52,30 @@ def test_greedy_tokens_equal_transformers(default_model_folder: Path) -> None:
             out = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         assert mine == out[0, len(p) :].tolist()
     assert "Paris" in tok.decode(ours[0])
+
+
+@pytest.mark.slow
+def test_bf16_logits_bit_identical_to_transformers(default_model_folder: Path) -> None:
+    """bf16 is the default dtype: its rounding must follow the reference op for op (a fused
+    RMSNorm once flipped the greedy answer to this very question)."""
+    from transformers import AutoModelForCausalLM
+
+    from parrot.engine.attention.base import PagedAttention, SeqSpec
+    from parrot.engine.kv.cache import KVCache
+    from parrot.engine.model.loader import load_model
+    from parrot.text import Tokenizer
+
+    tok = Tokenizer(default_model_folder)
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]))
+    model = load_model(default_model_folder, torch.bfloat16)
+    cfg = model.cfg
+    cache = KVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    backend = PagedAttention(cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    n = len(ids)
+    backend.prepare([SeqSpec(n, n, list(range(8)))], torch.arange(n))
+    hf = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        ours = model.logits(model(torch.tensor(ids), torch.arange(n), backend.forward)[-1:])
+        theirs = hf(torch.tensor([ids])).logits[0, -1:].float()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert tok.decode([int(ours.argmax())]).strip() == "The"

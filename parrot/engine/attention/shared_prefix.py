@@ -8,9 +8,10 @@ each row's private tail (the blocks no segment covers, the newest token's block 
 
 `cascade_decode` then attends each segment once for all its rows (the G query heads of each KV
 head times the segment's rows are the query rows of one attention over the un-repeated prefix KV),
-each row's tail per row (gathered, padded, masked, as `PagedAttention.decode`), and merges the
-partial outputs exactly with their log-sum-exp in float32. Attention is a sum over key slots, so
-splitting a row's slots into disjoint sets and merging is exact up to rounding.
+each row's tail per row (gathered, padded, masked, as `PagedAttention.decode`), and folds the
+segments' partial outputs into the tails' exactly with their log-sum-exp in float32. Attention is a
+sum over key slots, so splitting a row's slots into disjoint sets and merging is exact up to
+rounding.
 
 Ownership: plans and `CascadeMeta` are built by the attention backend in `prepare` and are valid
 for that one step only (block tables change between steps).
@@ -124,24 +125,45 @@ def plan_shared_prefixes(
 
 @dataclass(frozen=True)
 class CascadeMeta:
-    """One step's tensors for `cascade_decode`, built once from a plan."""
+    """One step's tensors for `cascade_decode`, built once from a plan.
 
-    seg_rows: list[torch.Tensor]  # per segment: [r] long, its decode rows
+    Rows are processed in trie order (`perm`): segments are nested or disjoint, so in that order
+    each segment's rows are one contiguous range, and every per-segment step works on views.
+    """
+
+    perm: torch.Tensor | None  # [B] long: processing position j holds decode row perm[j]; None: identity
+    seg_ranges: list[tuple[int, int]]  # per segment: its rows as positions [lo, hi) in trie order
     seg_blocks: list[slice | torch.Tensor]  # per segment: its blocks (a slice when ids are consecutive)
-    tail_tables: torch.Tensor  # [B, nt] long, padding points at block 0 (masked)
+    tail_ids: torch.Tensor  # [B * nt] long: each row's tail blocks in trie order, padded with block 0
     tail_mask: torch.Tensor  # [B, 1, 1, nt * bs] additive: 0 where the slot is the row's, -inf elsewhere
-    entry_rows: torch.Tensor  # [E] long: the row of each partial (tails 0..B-1, then segments' rows)
 
     @classmethod
     def build(cls, plan: SharedPrefixPlan, block_size: int, dtype: torch.dtype) -> CascadeMeta:
-        seg_rows = [torch.tensor(s.rows, dtype=torch.long) for s in plan.segments]
-        seg_blocks = [_as_index(s.block_ids) for s in plan.segments]
-        tail_tables = torch.from_numpy(np.maximum(plan.tail_tables, 0))
+        num_rows = len(plan.tail_lens)
+        chains: list[list[int]] = [[] for _ in range(num_rows)]  # the segments holding each row, outermost first
+        for i, seg in enumerate(plan.segments):
+            for r in seg.rows:
+                chains[r].append(i)
+        order = sorted(range(num_rows), key=chains.__getitem__)  # a depth-first order of the trie
+        pos = np.empty(num_rows, dtype=np.int64)
+        pos[order] = np.arange(num_rows)
+        seg_ranges = []
+        for seg in plan.segments:
+            lo = int(pos[list(seg.rows)].min())
+            assert int(pos[list(seg.rows)].max()) == lo + len(seg.rows) - 1, "segments must nest"
+            seg_ranges.append((lo, lo + len(seg.rows)))
+        identity = order == list(range(num_rows))
+        tail_tables = np.maximum(plan.tail_tables[order], 0)
         slots = torch.arange(tail_tables.shape[1] * block_size)
-        valid = slots[None, :] < torch.from_numpy(plan.tail_lens)[:, None]
+        valid = slots[None, :] < torch.from_numpy(plan.tail_lens[order])[:, None]
         tail_mask = torch.zeros(valid.shape, dtype=dtype).masked_fill_(~valid, float("-inf"))[:, None, None, :]
-        entry_rows = torch.cat([torch.arange(len(plan.tail_lens)), *seg_rows])
-        return cls(seg_rows, seg_blocks, tail_tables, tail_mask, entry_rows)
+        return cls(
+            None if identity else torch.tensor(order, dtype=torch.long),
+            seg_ranges,
+            [_as_index(s.block_ids) for s in plan.segments],
+            torch.from_numpy(tail_tables.reshape(-1)),
+            tail_mask,
+        )
 
 
 def _as_index(block_ids: tuple[int, ...]) -> slice | torch.Tensor:
@@ -150,6 +172,11 @@ def _as_index(block_ids: tuple[int, ...]) -> slice | torch.Tensor:
     if block_ids[-1] == first + n - 1 and all(b == first + i for i, b in enumerate(block_ids)):
         return slice(first, first + n)
     return torch.tensor(block_ids, dtype=torch.long)
+
+
+def _blocks(cache: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
+    # index_select copies whole blocks (memcpy rows): several times faster than advanced indexing.
+    return cache[index] if isinstance(index, slice) else cache.index_select(0, index)
 
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -181,18 +208,15 @@ def attend_with_lse_math(
     return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
 
 
-def merge_partials(out: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Exact combination of attentions over disjoint key sets, in float32.
+def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Fold a partial attention over other keys into an fp32 accumulator, exactly, in place.
 
-    out [E, Hkv, G, D], lse [E, Hkv, G]; entry e belongs to row rows[e] -> [num_rows, Hkv, G, D].
-    Row output = sum_e exp(lse_e - M) out_e / sum_e exp(lse_e - M), M the row's largest lse.
+    acc [n, Hkv, G, D] fp32 and acc_lse [n, Hkv, G] fp32 (views are fine), out/lse alike:
+    acc = (acc e^acc_lse + out e^lse) / (e^acc_lse + e^lse), acc_lse = log(e^acc_lse + e^lse).
     """
-    idx = rows.view(-1, 1, 1).expand_as(lse)
-    top = torch.full((num_rows, *lse.shape[1:]), float("-inf")).scatter_reduce_(0, idx, lse, "amax")
-    weight = torch.exp(lse - top[rows])  # [E, Hkv, G], 1 for each row's largest entry
-    num = torch.zeros(num_rows, *out.shape[1:]).index_add_(0, rows, out.float() * weight[..., None])
-    den = torch.zeros(num_rows, *lse.shape[1:]).index_add_(0, rows, weight)
-    return num / den[..., None]
+    new_lse = torch.logaddexp(acc_lse, lse)
+    acc.mul_(torch.exp(acc_lse - new_lse).unsqueeze(-1)).add_(out * torch.exp(lse - new_lse).unsqueeze(-1))
+    acc_lse.copy_(new_lse)
 
 
 def cascade_decode(
@@ -203,20 +227,23 @@ def cascade_decode(
     hkv = k_cache.shape[2]
     g = hq // hkv
     qg = q.view(b, hkv, g, d)
-    # Tails, one row each: [B, nt, bs, Hkv, D] -> [B, Hkv, nt * bs, D].
-    keys = k_cache[meta.tail_tables].flatten(1, 2).transpose(1, 2)
-    vals = v_cache[meta.tail_tables].flatten(1, 2).transpose(1, 2)
-    tail_out, tail_lse = attend_with_lse(qg, keys, vals, meta.tail_mask, scale)
-    outs, lses = [tail_out], [tail_lse]
-    for rows, blocks in zip(meta.seg_rows, meta.seg_blocks, strict=True):
+    if meta.perm is not None:
+        qg = qg.index_select(0, meta.perm)
+    # Tails, one row each: [B * nt, bs, Hkv, D] -> [B, Hkv, nt * bs, D].
+    keys = k_cache.index_select(0, meta.tail_ids).view(b, -1, hkv, d).transpose(1, 2)
+    vals = v_cache.index_select(0, meta.tail_ids).view(b, -1, hkv, d).transpose(1, 2)
+    out, lse = attend_with_lse(qg, keys, vals, meta.tail_mask, scale)
+    acc = out.float()  # [B, Hkv, G, D]; fp32 inputs: the kernel's own output, updated in place
+    for (lo, hi), blocks in zip(meta.seg_ranges, meta.seg_blocks, strict=True):
         # The prefix KV, read once for all r rows: [nb, bs, Hkv, D] -> [1, Hkv, L, D].
-        kp = k_cache[blocks].flatten(0, 1).transpose(0, 1)[None]
-        vp = v_cache[blocks].flatten(0, 1).transpose(0, 1)[None]
-        r = rows.shape[0]
+        kp = _blocks(k_cache, blocks).flatten(0, 1).transpose(0, 1)[None]
+        vp = _blocks(v_cache, blocks).flatten(0, 1).transpose(0, 1)[None]
+        r = hi - lo
         # [r, Hkv, G, D] -> [1, Hkv, r * G, D]: query rows ordered (row, g).
-        qs = qg[rows].transpose(0, 1).reshape(1, hkv, r * g, d)
-        o, lse = attend_with_lse(qs, kp, vp, None, scale)
-        outs.append(o.view(hkv, r, g, d).transpose(0, 1))
-        lses.append(lse.view(hkv, r, g).transpose(0, 1))
-    merged = merge_partials(torch.cat(outs), torch.cat(lses), meta.entry_rows, b)
-    return merged.to(q.dtype).reshape(b, hq * d)
+        qs = qg[lo:hi].transpose(0, 1).reshape(1, hkv, r * g, d)
+        o, o_lse = attend_with_lse(qs, kp, vp, None, scale)
+        o32 = o.view(hkv, r, g, d).transpose(0, 1).float()
+        merge_into(acc[lo:hi], lse[lo:hi], o32, o_lse.view(hkv, r, g).transpose(0, 1))
+    if meta.perm is not None:
+        acc = torch.empty_like(acc).index_copy_(0, meta.perm, acc)
+    return acc.to(q.dtype).reshape(b, hq * d)

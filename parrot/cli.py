@@ -1,0 +1,150 @@
+"""Command line: `parrot serve | engine | chat | demo`.
+
+parrot serve   # manager + builtin engine on the default model (embedded mode), HTTP on :8000
+parrot engine  # a builtin engine alone, serving the engine API (to join a manager by URL)
+parrot chat "question"   # one streamed chat completion on the builtin engine, with speeds
+parrot demo    # embedded mode + the example applications on a public-domain document
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+from parrot.engine.config import EngineConfig
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    p.add_argument("--model", default=d.model, help="model name, Hugging Face folder or .gguf file")
+    p.add_argument("--dtype", default=d.dtype, choices=["bfloat16", "float32"])
+    p.add_argument("--kv-cache-bytes", type=int, default=d.kv_cache_bytes)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--attention", default=d.attention, help="attention backend: paged | shared_prefix")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--threads", type=int, default=None)
+
+
+def _engine_config(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=a.model,
+        dtype=a.dtype,
+        kv_cache_bytes=a.kv_cache_bytes,
+        block_size=a.block_size,
+        attention=a.attention,
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        num_threads=a.threads,
+    )
+
+
+def _wait_forever(stop: object) -> None:
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        stop()  # type: ignore[operator]
+
+
+def cmd_serve(a: argparse.Namespace) -> None:
+    from parrot.launch import start_embedded
+    from parrot.serve.config import ManagerConfig
+
+    configs = [] if a.no_builtin else [_engine_config(a)]
+    emb = start_embedded(configs, a.engine_url, ManagerConfig(api_keys=tuple(a.api_key)), a.host, a.port)
+    print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs)", flush=True)
+    _wait_forever(emb.stop)
+
+
+def cmd_engine(a: argparse.Namespace) -> None:
+    from parrot.engine.api import AsyncEngine
+    from parrot.engine.server.app import create_engine_app
+    from parrot.engine.server.launch import ServerThread
+
+    engine = AsyncEngine(_engine_config(a))
+    engine.start()
+    srv = ServerThread(create_engine_app(engine), a.host, a.port).start()
+    print(f"parrot engine ({engine.model_name}) on {srv.url}", flush=True)
+
+    def stop() -> None:
+        srv.stop()
+        engine.stop()
+
+    _wait_forever(stop)
+
+
+def cmd_chat(a: argparse.Namespace) -> None:
+    from parrot.engine import blocking
+    from parrot.engine.engine import LLMEngine
+    from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+
+    t0 = time.perf_counter()
+    engine = LLMEngine(_engine_config(a))
+    engine.start()
+    print(f"[loaded {engine.model_name} ({a.dtype}) in {time.perf_counter() - t0:.1f}s]", flush=True)
+    try:
+        tok = engine.tokenizer
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": a.prompt}]))
+        t1 = time.perf_counter()
+        blocking.fill(engine, FillRequest(context_id="chat", token_ids=ids))
+        h = blocking.submit_generate(
+            engine, GenerateRequest(context_id="chat", sampling=SamplingParams(max_tokens=a.max_tokens))
+        )
+        n, t_first = 0, None
+        while True:
+            ev = h.events.get(timeout=300)
+            if not hasattr(ev, "finish_reason"):
+                raise SystemExit(f"error: {ev}")
+            if t_first is None:
+                t_first = time.perf_counter()
+            n += 1
+            print(ev.text, end="", flush=True)  # type: ignore[union-attr]
+            if ev.finish_reason is not None:  # type: ignore[union-attr]
+                break
+        t2 = time.perf_counter()
+        assert t_first is not None
+        print(
+            f"\n[prefill {len(ids)} tokens: {len(ids) / (t_first - t1):.0f} tok/s; "
+            f"decode {n} tokens: {max(n - 1, 1) / max(t2 - t_first, 1e-9):.1f} tok/s]"
+        )
+    finally:
+        engine.stop()
+
+
+def cmd_demo(a: argparse.Namespace) -> None:
+    from parrot.demo import run_demo
+
+    run_demo(_engine_config(a), doc_tokens=a.doc_tokens)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="parrot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("serve", help="manager + builtin engine (embedded mode)")
+    _engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--engine-url", action="append", default=[], help="also use an engine started elsewhere")
+    p.add_argument("--no-builtin", action="store_true", help="no builtin engine: only --engine-url engines")
+    p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    p.set_defaults(fn=cmd_serve)
+    p = sub.add_parser("engine", help="builtin engine alone, serving the engine API")
+    _engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.set_defaults(fn=cmd_engine)
+    p = sub.add_parser("chat", help="one streamed chat completion on the builtin engine")
+    _engine_args(p)
+    p.add_argument("prompt", nargs="?", default="Give me three tips for writing clear code.")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.set_defaults(fn=cmd_chat)
+    p = sub.add_parser("demo", help="embedded mode + example applications")
+    _engine_args(p)
+    p.add_argument("--doc-tokens", type=int, default=1500, help="tokens of the document to summarize")
+    p.set_defaults(fn=cmd_demo)
+    a = parser.parse_args(argv)
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
