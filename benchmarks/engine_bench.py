@@ -1,0 +1,155 @@
+"""Engine benchmark: prefill and decode throughput of Parrot's builtin engine against transformers
+and real vLLM, on the same model and dtype, in one run; results as ratios.
+
+    python -m benchmarks.engine_bench            # parrot + transformers (+ vLLM if installed)
+    python -m benchmarks.engine_bench --no-vllm  # skip vLLM
+    python -m benchmarks.engine_bench --quick    # fewer lengths / batch sizes
+
+Writes bench_results/engine/engine.json and engine.md. Peers run one after another (never
+concurrently: the machine has 2 cores). Also reports bytes read per decode step against this
+machine's measured memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from benchmarks.peers.parrot_engine import ParrotEngineProbe
+from parrot.engine.model.config import ModelConfig
+from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
+
+OUT = Path("bench_results/engine")
+
+
+class Probe(Protocol):
+    def measure_prefill(self, lengths: list[int]) -> dict[int, float]: ...
+    def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]: ...
+
+
+def memory_bandwidth_gbs(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Copy bandwidth (read + write) of a large tensor, GB/s, best of `repeats`."""
+    src = torch.empty(num_bytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * num_bytes / best / 1e9
+
+
+def decode_step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, context_len: int) -> int:
+    """Bytes one decode step must read: every weight once, plus each sequence's KV."""
+    h, q, kv, inter = (
+        cfg.hidden_size,
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    )
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    weights = cfg.num_layers * per_layer + cfg.vocab_size * h
+    kv_bytes = 2 * cfg.num_layers * kv * context_len * batch
+    return (weights + kv_bytes) * dtype_bytes
+
+
+def run_probe(name: str, probe: Probe, lengths: list[int], batches: list[int], new_tokens: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    prefill = probe.measure_prefill(lengths)
+    decode = probe.measure_decode(batches, new_tokens)
+    print(f"  {name}: prefill {fmt(prefill)} | decode {fmt(decode)} ({time.perf_counter() - t0:.0f}s)", flush=True)
+    return {"prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def fmt(d: dict[int, float]) -> str:
+    return ", ".join(f"{k}:{v:.0f}" for k, v in d.items())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--no-hf", action="store_true")
+    a = ap.parse_args()
+    lengths = [128, 512] if a.quick else [128, 512, 2048]
+    batches = [1, 8, 32] if a.quick else [1, 8, 32, 64]
+    new_tokens = 16 if a.quick else 32
+    folder = resolve_model_folder(DEFAULT_MODEL)
+    cfg = ModelConfig.from_folder(folder)
+    results: dict[str, Any] = {
+        "model": DEFAULT_MODEL,
+        "dtype": a.dtype,
+        "machine": platform.processor() or platform.machine(),
+        "threads": 2,
+        "peers": {},
+    }
+    print(f"engine benchmark: {DEFAULT_MODEL} {a.dtype}, prefill {lengths}, decode batches {batches}", flush=True)
+    probe = ParrotEngineProbe(str(folder), a.dtype)
+    try:
+        results["peers"]["parrot"] = run_probe("parrot", probe, lengths, batches, new_tokens)
+    finally:
+        probe.close()
+    del probe
+    gc.collect()
+    if not a.no_hf:
+        from benchmarks.peers.hf_engine import HFPeer
+
+        hf = HFPeer(folder, a.dtype, repeats=2)
+        results["peers"]["transformers"] = run_probe("transformers", hf, lengths, batches, new_tokens)
+        del hf
+        gc.collect()
+    if not a.no_vllm:
+        try:
+            from benchmarks.peers.vllm_server import VLLMPeer, vllm_server
+
+            with vllm_server(folder, extra_args=["--dtype", a.dtype]) as server:
+                results["peers"]["vllm"] = run_probe("vllm", VLLMPeer(server, repeats=2), lengths, batches, new_tokens)
+        except FileNotFoundError as exc:
+            print(f"  vllm: skipped ({exc})")
+    bw = memory_bandwidth_gbs()
+    dtype_bytes = 2 if a.dtype == "bfloat16" else 4
+    parrot = results["peers"]["parrot"]["decode_tok_s"]
+    results["memory_bandwidth_gbs"] = bw
+    results["decode_bandwidth_use"] = {
+        b: decode_step_bytes(cfg, dtype_bytes, b, 32 + new_tokens // 2) * (tps / b) / 1e9 / bw
+        for b, tps in parrot.items()
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "engine.json").write_text(json.dumps(results, indent=1))
+    (OUT / "engine.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def markdown(r: dict[str, Any]) -> str:
+    peers = r["peers"]
+    others = [p for p in peers if p != "parrot"]
+    head = "| metric | parrot | " + " | ".join(others) + " | " + " | ".join(f"parrot / {p}" for p in others) + " |"
+    lines = [
+        f"Model {r['model']}, {r['dtype']}, {r['threads']} threads. Throughput in tokens/s.",
+        "",
+        head,
+        "|" + "---|" * (2 + 2 * len(others)),
+    ]
+    for kind, label in (("prefill_tok_s", "prefill {} tokens"), ("decode_tok_s", "decode batch {}")):
+        for k, v in peers["parrot"][kind].items():
+            vals = [peers[p][kind].get(k) for p in others]
+            cells = [f"{x:.0f}" if x else "-" for x in vals] + [f"{v / x:.2f}x" if x else "-" for x in vals]
+            lines.append(f"| {label.format(k)} | {v:.0f} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        f"Memory bandwidth (copy): {r['memory_bandwidth_gbs']:.1f} GB/s. Share of it that parrot's decode "
+        "step reads (weights + KV): " + ", ".join(f"batch {b}: {u:.0%}" for b, u in r["decode_bandwidth_use"].items())
+    )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
