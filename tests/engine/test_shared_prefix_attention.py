@@ -22,7 +22,7 @@ from parrot.engine.attention.shared_prefix import (
     Segment,
     attend_with_lse,
     attend_with_lse_math,
-    merge_partials,
+    merge_into,
     plan_shared_prefixes,
 )
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
@@ -88,6 +88,8 @@ def check_decode(
 ) -> SharedPrefixAttention:
     rng = random.Random(seed)
     seqs, num_blocks = build_batch(spec, block_size, rng if seed % 2 else None)
+    if seed % 2:
+        rng.shuffle(seqs)  # the scheduler's row order interleaves the groups
     cache = random_cache(num_blocks, block_size, dtype, seed)
     q = torch.randn(len(seqs), HQ, D, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     ref = PagedAttention(cache, HQ, HKV, D)
@@ -119,7 +121,7 @@ def small_specs(seed: int) -> dict[str, Spec]:
             (rng.randint(256, 600), rows(rng, 5, 30)),
             *rows(rng, 2, 300),
         ],
-        "long_suffixes": [(rng.randint(256, 400), rows(rng, 4, 2048))],
+        "long_suffixes": [(rng.randint(256, 400), [2048, 1, *rows(rng, 3, 2048)])],
     }
 
 
@@ -129,10 +131,14 @@ def small_specs(seed: int) -> dict[str, Spec]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtype, seed: int) -> None:
     shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig())
-    assert shared.plan is not None and shared.plan.segments
+    assert shared.plan is not None and shared.plan.segments and shared.cascade is not None
     if case == "nested_several_groups":  # system prompt, its 2 documents, the other group
         assert len(shared.plan.segments) == 4
-        assert sum(0 in s.rows for s in shared.plan.segments) == 2  # row 0: system prompt and document
+        assert max(sum(r in s.rows for s in shared.plan.segments) for r in range(16)) == 2  # two levels
+        if seed % 2:
+            assert shared.cascade.perm is not None  # shuffled rows: processed in trie order
+    if case == "long_suffixes":  # tails of 1-2048 tokens: padded per bucket of similar lengths
+        assert len(shared.cascade.tails) > 1
 
 
 @pytest.mark.parametrize(("block_size", "dtype"), [(16, torch.float32), (16, torch.bfloat16), (1, torch.float32)])
@@ -224,13 +230,15 @@ def test_grouping_config_is_validated() -> None:
 
 def test_merge_of_disjoint_key_sets_is_exact() -> None:
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, HKV, 5, D, generator=gen) * 3  # [E, Hkv, G, D] with G=5 query rows
+    q = torch.randn(2, HKV, 5, D, generator=gen) * 3  # [n, Hkv, G, D] with G=5 query rows
     k, v = torch.randn(2, HKV, 300, D, generator=gen), torch.randn(2, HKV, 300, D, generator=gen)
-    full, _ = attend_with_lse_math(q, k, v, None, D**-0.5)
+    full, full_lse = attend_with_lse_math(q, k, v, None, D**-0.5)
     parts = [attend_with_lse(q, k[:, :, a:b], v[:, :, a:b], None, D**-0.5) for a, b in [(0, 1), (1, 120), (120, 300)]]
-    outs, lses = torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
-    merged = merge_partials(outs, lses, torch.tensor([0, 1] * 3), 2)
-    torch.testing.assert_close(merged, full, atol=1e-5, rtol=1e-5)
+    acc, acc_lse = parts[0]
+    for out, lse in parts[1:]:
+        merge_into(acc, acc_lse, out, lse)
+    torch.testing.assert_close(acc, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(acc_lse, full_lse, atol=1e-5, rtol=1e-5)
     # The fused CPU kernel and the plain math agree on the log-sum-exp too.
     torch.testing.assert_close(parts[1][1], attend_with_lse_math(q, k[:, :, 1:120], v[:, :, 1:120], None, D**-0.5)[1])
 

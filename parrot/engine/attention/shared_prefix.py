@@ -123,6 +123,23 @@ def plan_shared_prefixes(
 # ---- the CPU kernel ---------------------------------------------------------------------------------
 
 
+# The CPU flash kernel pays for masked padding, so tails are padded per bucket of similar lengths:
+# a new bucket starts below this fraction of the current one's longest tail (at most MAX_BUCKETS).
+BUCKET_RATIO = 0.6
+MAX_BUCKETS = 4
+
+
+@dataclass(frozen=True)
+class TailBucket:
+    """Rows whose tails are attended together, padded to the bucket's longest."""
+
+    rows: torch.Tensor | None  # [n] long positions in trie order; None: all rows, in order
+    block_ids: torch.Tensor  # [n * nt] long: each row's tail blocks, padded with block 0
+    mask: torch.Tensor  # [n, 1, 1, nt * bs] additive: 0 where the slot is the row's, -inf elsewhere
+    k_buf: torch.Tensor  # [n * nt, bs, Hkv, D]: gather workspaces, reused by every layer of the step
+    v_buf: torch.Tensor
+
+
 @dataclass(frozen=True)
 class CascadeMeta:
     """One step's tensors for `cascade_decode`, built once from a plan.
@@ -134,11 +151,12 @@ class CascadeMeta:
     perm: torch.Tensor | None  # [B] long: processing position j holds decode row perm[j]; None: identity
     seg_ranges: list[tuple[int, int]]  # per segment: its rows as positions [lo, hi) in trie order
     seg_blocks: list[slice | torch.Tensor]  # per segment: its blocks (a slice when ids are consecutive)
-    tail_ids: torch.Tensor  # [B * nt] long: each row's tail blocks in trie order, padded with block 0
-    tail_mask: torch.Tensor  # [B, 1, 1, nt * bs] additive: 0 where the slot is the row's, -inf elsewhere
+    tails: list[TailBucket]
 
     @classmethod
-    def build(cls, plan: SharedPrefixPlan, block_size: int, dtype: torch.dtype) -> CascadeMeta:
+    def build(
+        cls, plan: SharedPrefixPlan, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> CascadeMeta:
         num_rows = len(plan.tail_lens)
         chains: list[list[int]] = [[] for _ in range(num_rows)]  # the segments holding each row, outermost first
         for i, seg in enumerate(plan.segments):
@@ -152,18 +170,35 @@ class CascadeMeta:
             lo = int(pos[list(seg.rows)].min())
             assert int(pos[list(seg.rows)].max()) == lo + len(seg.rows) - 1, "segments must nest"
             seg_ranges.append((lo, lo + len(seg.rows)))
+        tables, lens = np.maximum(plan.tail_tables[order], 0), plan.tail_lens[order]
+        tails = []
+        for rows in _buckets(-(-lens // block_size)):
+            nt = int(-(-lens[rows].max() // block_size))
+            valid = torch.arange(nt * block_size)[None, :] < torch.from_numpy(lens[rows])[:, None]
+            buf_shape = (len(rows) * nt, block_size, num_kv_heads, head_dim)
+            tails.append(
+                TailBucket(
+                    None if len(rows) == num_rows else torch.from_numpy(rows),
+                    torch.from_numpy(np.ascontiguousarray(tables[rows, :nt]).reshape(-1)),
+                    torch.zeros(valid.shape, dtype=dtype).masked_fill_(~valid, float("-inf"))[:, None, None, :],
+                    torch.empty(buf_shape, dtype=dtype),
+                    torch.empty(buf_shape, dtype=dtype),
+                )
+            )
         identity = order == list(range(num_rows))
-        tail_tables = np.maximum(plan.tail_tables[order], 0)
-        slots = torch.arange(tail_tables.shape[1] * block_size)
-        valid = slots[None, :] < torch.from_numpy(plan.tail_lens[order])[:, None]
-        tail_mask = torch.zeros(valid.shape, dtype=dtype).masked_fill_(~valid, float("-inf"))[:, None, None, :]
-        return cls(
-            None if identity else torch.tensor(order, dtype=torch.long),
-            seg_ranges,
-            [_as_index(s.block_ids) for s in plan.segments],
-            torch.from_numpy(tail_tables.reshape(-1)),
-            tail_mask,
-        )
+        perm = None if identity else torch.tensor(order, dtype=torch.long)
+        return cls(perm, seg_ranges, [_as_index(s.block_ids) for s in plan.segments], tails)
+
+
+def _buckets(num_blocks: np.ndarray) -> list[np.ndarray]:
+    """Positions grouped by tail length, longest first; each group ascending."""
+    by_len = np.argsort(-num_blocks, kind="stable")
+    groups: list[list[int]] = []
+    for p in by_len.tolist():
+        if not groups or (len(groups) < MAX_BUCKETS and num_blocks[p] < BUCKET_RATIO * num_blocks[groups[-1][0]]):
+            groups.append([])
+        groups[-1].append(p)
+    return [np.sort(np.asarray(g, dtype=np.int64)) for g in groups]
 
 
 def _as_index(block_ids: tuple[int, ...]) -> slice | torch.Tensor:
@@ -229,11 +264,21 @@ def cascade_decode(
     qg = q.view(b, hkv, g, d)
     if meta.perm is not None:
         qg = qg.index_select(0, meta.perm)
-    # Tails, one row each: [B * nt, bs, Hkv, D] -> [B, Hkv, nt * bs, D].
-    keys = k_cache.index_select(0, meta.tail_ids).view(b, -1, hkv, d).transpose(1, 2)
-    vals = v_cache.index_select(0, meta.tail_ids).view(b, -1, hkv, d).transpose(1, 2)
-    out, lse = attend_with_lse(qg, keys, vals, meta.tail_mask, scale)
-    acc = out.float()  # [B, Hkv, G, D]; fp32 inputs: the kernel's own output, updated in place
+    acc = torch.empty(b, hkv, g, d, dtype=torch.float32)  # [B, Hkv, G, D] in trie order
+    lse = torch.empty(b, hkv, g, dtype=torch.float32)
+    for t in meta.tails:
+        qt = qg if t.rows is None else qg.index_select(0, t.rows)
+        n = qt.shape[0]
+        # Tails, one row each: [n * nt, bs, Hkv, D] -> [n, Hkv, nt * bs, D].
+        keys = torch.index_select(k_cache, 0, t.block_ids, out=t.k_buf).view(n, -1, hkv, d).transpose(1, 2)
+        vals = torch.index_select(v_cache, 0, t.block_ids, out=t.v_buf).view(n, -1, hkv, d).transpose(1, 2)
+        out, out_lse = attend_with_lse(qt, keys, vals, t.mask, scale)
+        if t.rows is None:
+            acc.copy_(out)
+            lse.copy_(out_lse)
+        else:
+            acc.index_copy_(0, t.rows, out.float())
+            lse.index_copy_(0, t.rows, out_lse)
     for (lo, hi), blocks in zip(meta.seg_ranges, meta.seg_blocks, strict=True):
         # The prefix KV, read once for all r rows: [nb, bs, Hkv, D] -> [1, Hkv, L, D].
         kp = _blocks(k_cache, blocks).flatten(0, 1).transpose(0, 1)[None]

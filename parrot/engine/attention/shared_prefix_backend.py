@@ -65,7 +65,9 @@ class SharedPrefixAttention(PagedAttention):
         super().prepare_decode(seqs)
 
     def prepare_shared(self, plan: SharedPrefixPlan) -> None:
-        self.cascade = CascadeMeta.build(plan, self.cache.block_size, self.cache.k.dtype)
+        self.cascade = CascadeMeta.build(
+            plan, self.cache.block_size, self.num_kv_heads, self.head_dim, self.cache.k.dtype
+        )
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if self.cascade is None:

@@ -166,10 +166,12 @@ class TritonCascadeMeta:
         block_size: int,
         num_groups: int,
         device: torch.device,
-        prefix_split: int = 1024,
-        tail_split: int = 512,
+        prefix_split: int | None = None,
+        tail_split: int | None = None,
+        target_programs: int = 128,
     ) -> "TritonCascadeMeta":
-        """`prefix_split`/`tail_split`: tokens per program (more programs keep a GPU busy)."""
+        """`prefix_split`/`tail_split`: tokens per program; by default chosen so each pass has
+        about `target_programs` programs per KV head (enough to fill a GPU), 256 tokens at least."""
         num_rows, tail_width = plan.tail_tables.shape
         rows = [np.asarray(s.rows, dtype=np.int64) for s in plan.segments] + [np.arange(num_rows)]
         blocks = [np.asarray(s.block_ids, dtype=np.int64) for s in plan.segments]
@@ -192,6 +194,11 @@ class TritonCascadeMeta:
                                  num_entries])  # fmt: skip
                 num_entries += len(seg_rows)
 
+        if prefix_split is None:
+            tile_tokens = sum(-(-len(s.rows) * num_groups // prefix_m) * s.num_tokens for s in plan.segments)
+            prefix_split = _split(tile_tokens, target_programs)
+        if tail_split is None:
+            tail_split = _split(int(plan.tail_lens.sum()), target_programs)
         prefix_work: list[list[int]] = []
         for i, s in enumerate(plan.segments):
             add(prefix_work, rows[i], int(row_offs[i]), int(block_offs[i]), s.num_tokens, prefix_split, prefix_m)
@@ -216,6 +223,11 @@ class TritonCascadeMeta:
             dev(order),
             len(entry_row),
         )
+
+
+def _split(total_tokens: int, target_programs: int) -> int:
+    """Tokens per program: a multiple of the kernel's 64-token tile, at least 256."""
+    return max(256, -(-total_tokens // max(1, target_programs) // 64) * 64)
 
 
 def next_pow2(n: int) -> int:
