@@ -58,8 +58,10 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 class HFPeer:
     """Prefill and decode throughput of transformers' `generate` on one model folder."""
 
-    def __init__(self, model_folder: Path, dtype: str = "bfloat16", repeats: int = 3) -> None:
-        torch.set_num_threads(NUM_THREADS)
+    def __init__(
+        self, model_folder: Path, dtype: str = "bfloat16", repeats: int = 3, num_threads: int = NUM_THREADS
+    ) -> None:
+        torch.set_num_threads(num_threads)
         self.name = f"transformers-{dtype}"
         self.repeats = repeats
         model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=DTYPES[dtype])
@@ -124,12 +126,13 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 32, 64])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=NUM_THREADS)
     args = parser.parse_args()
     if args.model_folder is None:
         from benchmarks.peers.vllm_server import default_model_folder
 
         args.model_folder = default_model_folder()
-    peer = HFPeer(args.model_folder, args.dtype, repeats=args.repeats)
+    peer = HFPeer(args.model_folder, args.dtype, repeats=args.repeats, num_threads=args.threads)
     report = {
         "peer": peer.name,
         "prefill_tok_s": peer.measure_prefill(args.lengths),
