@@ -83,13 +83,15 @@ class VLLMServer:
     startup_s: float  # from launch to a healthy /health
 
 
-def server_command(venv: Path, model_folder: Path, model: str, port: int, extra_args: Sequence[str]) -> list[str]:
+def server_command(
+    venv: Path, model_folder: Path, model: str, port: int, dtype: str, extra_args: Sequence[str]
+) -> list[str]:
     return [
         str(venv / "bin" / "python"),
         *("-m", "vllm.entrypoints.openai.api_server"),
         *("--model", str(model_folder), "--served-model-name", model),
         *("--host", "127.0.0.1", "--port", str(port)),
-        *("--dtype", "bfloat16", "--max-model-len", "4096"),
+        *("--dtype", dtype, "--max-model-len", "4096"),
         "--enable-prompt-tokens-details",
         *extra_args,
     ]
@@ -130,6 +132,7 @@ def vllm_server(
     model_folder: Path | None = None,
     *,
     model: str = "default",
+    dtype: str = "bfloat16",
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     log_path: Path | None = None,
     extra_args: Sequence[str] = (),
@@ -146,7 +149,7 @@ def vllm_server(
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            server_command(venv, folder, model, port, extra_args),
+            server_command(venv, folder, model, port, dtype, extra_args),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
