@@ -125,8 +125,8 @@ def plan_shared_prefixes(
 
 # The CPU flash kernel pays for masked padding, so tails are padded per bucket of similar lengths:
 # a new bucket starts below this fraction of the current one's longest tail (at most MAX_BUCKETS).
-BUCKET_RATIO = 0.6
-MAX_BUCKETS = 4
+BUCKET_RATIO = 0.75
+MAX_BUCKETS = 6
 
 
 @dataclass(frozen=True)
