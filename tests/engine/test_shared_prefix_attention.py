@@ -364,3 +364,10 @@ def test_real_model_forked_batch_same_greedy_tokens(default_model_folder: Path) 
     assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
     assert_same_generations(shared, paged)
     assert np.unique([t[0][0] for t in shared]).size > 1  # the questions differ, so do the answers
+
+
+def test_registered_by_name_and_device() -> None:
+    from parrot.engine.attention.registry import make_backend
+
+    backend = make_backend("shared_prefix", KVCache(1, 4, 16, HKV, D, torch.float32), HQ, HKV, D)
+    assert type(backend) is SharedPrefixAttention  # CPU cache: the PyTorch path, not the Triton one

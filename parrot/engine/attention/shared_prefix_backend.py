@@ -10,7 +10,8 @@ of `triton_kernels.py` (imported when the backend is built, so CPU engines never
 needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` set before triton's import (tests).
 
 Both own their step metadata (`cascade`, `triton_meta`), valid until the next `prepare`.
-Importing this module registers both names in the attention registry.
+Importing this module registers both names in the attention registry; "shared_prefix" picks the
+implementation by the KV cache's device (CPU: PyTorch; CUDA: Triton).
 """
 
 from __future__ import annotations
@@ -118,5 +119,12 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
 # A grouping no batch satisfies: every row attends its whole KV as its tail.
 _NEVER_GROUP = GroupingConfig(min_group_size=1 << 30, min_shared_tokens=1 << 30)
 
-register_backend(SharedPrefixAttention.name, SharedPrefixAttention)
+
+def make_shared_prefix(cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> PagedAttention:
+    """The "shared_prefix" backend for the cache's device: the Triton kernels on CUDA, else PyTorch."""
+    cls = TritonSharedPrefixAttention if cache.k.device.type == "cuda" else SharedPrefixAttention
+    return cls(cache, num_heads, num_kv_heads, head_dim)
+
+
+register_backend(SharedPrefixAttention.name, make_shared_prefix)
 register_backend(TritonSharedPrefixAttention.name, TritonSharedPrefixAttention)
