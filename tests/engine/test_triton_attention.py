@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (nothing else here imports it)
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported: it fixes its mode then
 
 import queue
 import random
@@ -20,7 +20,6 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0); Triton kernels untested")
-
 from parrot.engine.attention import triton_kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix import GroupingConfig, plan_shared_prefixes
@@ -32,6 +31,15 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
 from parrot.protocol.sampling import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_usable() -> None:
+    """Fail (not skip) when the kernels cannot run here although triton is installed."""
+    reason = triton_kernels.unavailable_reason(torch.device("cpu"))
+    if reason is not None:
+        pytest.fail(f"Triton interpreter unusable: {reason}", pytrace=False)
+
 
 TOL = {
     torch.float32: {"atol": 2e-6, "rtol": 1e-5},

@@ -46,6 +46,8 @@ def unavailable_reason(device: torch.device) -> str | None:
     if triton is None:
         return "triton is not installed (pip install triton==3.9.0)"
     if INTERPRETED:
+        if _library_compiled():
+            return "triton was imported before TRITON_INTERPRET=1 was set (its library is in compiled mode)"
         if device.type == "cpu":
             return None
         return f"TRITON_INTERPRET=1 runs kernels on CPU tensors only, and the KV cache is on {device}"
@@ -55,6 +57,12 @@ def unavailable_reason(device: torch.device) -> str | None:
         f"the KV cache is on {device}; Triton needs a CUDA device "
         "(or TRITON_INTERPRET=1, set before triton is imported, for CPU tests)"
     )
+
+
+def _library_compiled() -> bool:
+    """Whether triton's own jit functions were decorated for compiled mode (at triton's import)."""
+    fn = getattr(getattr(tl, "standard", None), "sigmoid", None)
+    return fn is not None and type(fn).__name__ == "JITFunction"
 
 
 if triton is not None:
