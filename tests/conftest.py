@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Triton reads TRITON_INTERPRET when it is first imported; any test module may import it first,
+# so it is set here, before all of them. CI has no GPU: the kernels run in the interpreter.
+if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
