@@ -25,6 +25,11 @@ def our_logits(folder: Path, ids: list[int]) -> torch.Tensor:
         return model.logits(model(torch.tensor(ids), torch.arange(n), backend.forward))
 
 
+def rope_kind(hf_cfg: object) -> str:
+    params = getattr(hf_cfg, "rope_parameters", None) or {}
+    return "rope" if params.get("rope_type", "default") != "default" else ""
+
+
 @pytest.mark.parametrize(
     "variant",
     [
@@ -43,11 +48,6 @@ def our_logits(folder: Path, ids: list[int]) -> torch.Tensor:
     ],
     ids=["untied", "llama3_rope", "linear_rope", "qwen2_bias"],
 )
-def request_id(variant: dict, hf_cfg: object) -> str:
-    params = getattr(hf_cfg, "rope_parameters", None) or {}
-    return "rope" if params.get("rope_type", "default") != "default" else ""
-
-
 def test_variant_matches_transformers(tmp_path: Path, variant: dict) -> None:
     import transformers
 
@@ -79,7 +79,7 @@ def test_variant_matches_transformers(tmp_path: Path, variant: dict) -> None:
     hf.eval().save_pretrained(tmp_path)
     cfg = ModelConfig.from_folder(tmp_path)
     assert cfg.qkv_bias == isinstance(hf, transformers.Qwen2ForCausalLM)
-    assert (cfg.rope_scaling is not None) == ("rope" in request_id(variant, hf_cfg))
+    assert (cfg.rope_scaling is not None) == ("rope" in rope_kind(hf_cfg))
     assert cfg.tie_word_embeddings == bool(hf_cfg.tie_word_embeddings)
     ids = list(range(3, 43))
     with torch.no_grad():
