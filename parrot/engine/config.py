@@ -18,7 +18,7 @@ class EngineConfig:
     latency_max_batched_tokens: int | None = None
     policy: str = "priority"  # registered ordering policy (see sched/policy.py)
     aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
-    attention: str = "paged"  # registered attention backend (see attention/registry.py)
+    attention: str = "shared_prefix"  # registered backend (attention/registry.py); "paged" = per-context
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     name: str | None = None  # model name reported to clients; default: derived from `model`
 

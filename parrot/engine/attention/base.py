@@ -85,13 +85,22 @@ class PagedAttention:
         self.decode_tables = tables  # [B, max_blocks]
         # [B, 1, 1, max_blocks * bs]: True where the slot holds this sequence's KV.
         self.decode_mask = (torch.arange(max_blocks * bs)[None, :] < lens[:, None])[:, None, None, :]
+        # An additive mask keeps SDPA on its fused path; gather buffers are reused by every layer.
+        dtype = self.cache.k.dtype
+        self.decode_bias = torch.zeros(self.decode_mask.shape, dtype=dtype).masked_fill_(
+            ~self.decode_mask, float("-inf")
+        )
+        self.decode_ids = tables.reshape(-1)
+        shape = (self.decode_ids.numel(), bs, self.num_kv_heads, self.head_dim)
+        self.k_buf = torch.empty(shape, dtype=dtype)
+        self.v_buf = torch.empty(shape, dtype=dtype)
 
     # ---- per layer ------------------------------------------------------------------------
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq * D]."""
         self.cache.write(layer, self.slot_mapping, k, v)
         n = q.shape[0]
-        out = torch.empty(n, self.num_heads * self.head_dim, dtype=q.dtype)
+        out = torch.empty(n, self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         if self.num_decode:
             out[: self.num_decode] = self.decode(layer, q[: self.num_decode])
         for p in self.prefills:
@@ -101,14 +110,15 @@ class PagedAttention:
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D] -> [B, Hq * D]; each row attends to its whole own KV."""
-        b = q.shape[0]
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        # Gather each sequence's blocks: [B, nb*bs, Hkv, D] -> [B, Hkv, nb*bs, D].
-        keys = gather_blocks(kc, self.decode_tables).transpose(1, 2)
-        vals = gather_blocks(vc, self.decode_tables).transpose(1, 2)
+        b, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
+        # Gather each sequence's blocks into the step's buffers: [B, nb*bs, Hkv, D].
+        keys = torch.index_select(self.cache.k[layer], 0, self.decode_ids, out=self.k_buf).view(b, -1, hkv, d)
+        vals = torch.index_select(self.cache.v[layer], 0, self.decode_ids, out=self.v_buf).view(b, -1, hkv, d)
         # The G query heads of one KV head attend as G query rows: no KV repeat.
-        qg = q.view(b, self.num_kv_heads, self.num_groups, self.head_dim)
-        o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=self.decode_mask, scale=self.scale)
+        qg = q.view(b, hkv, self.num_groups, d)
+        o = F.scaled_dot_product_attention(
+            qg, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=self.decode_bias, scale=self.scale
+        )
         return o.reshape(b, -1)
 
     def prefill(self, layer: int, p: PrefillMeta, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -19,3 +19,6 @@ def make_backend(name: str, cache: KVCache, num_heads: int, num_kv_heads: int, h
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; known: {sorted(_BACKENDS)}")
     return _BACKENDS[name](cache, num_heads, num_kv_heads, head_dim)
+
+
+import parrot.engine.attention.shared_prefix_backend  # noqa: E402, F401  (registers "shared_prefix", "triton_shared_prefix")
