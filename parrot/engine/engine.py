@@ -76,6 +76,7 @@ class LLMEngine:
         self._stopping = False
         self._num_steps = self._num_prefill_tokens = self._num_decode_tokens = 0
         self._tpot_ms = 0.0
+        self._step_ms: dict[int, float] = {}  # capacity profile: bucket -> EMA of step time
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,6 +173,7 @@ class LLMEngine:
                 num_steps=self._num_steps,
                 num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
+                step_ms_by_num_tokens=dict(self._step_ms),
             )
 
     def context_info(self, context_id: str) -> ContextInfo:
@@ -289,6 +291,12 @@ class LLMEngine:
                             context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled
                         )
                     )
+        num_tokens = sum(s.num_new for s in seqs)
+        if num_tokens:
+            bucket = 1 << (num_tokens - 1).bit_length()
+            ms = elapsed * 1000.0
+            old = self._step_ms.get(bucket)
+            self._step_ms[bucket] = ms if old is None else 0.8 * old + 0.2 * ms
         if num_decode:
             self._num_decode_tokens += num_decode
             ms = elapsed * 1000.0

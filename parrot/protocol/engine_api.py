@@ -86,3 +86,7 @@ class EngineStats(_Msg):
     num_steps: int
     num_prefill_tokens: int  # total tokens computed by fills since start
     num_decode_tokens: int  # total tokens generated since start
+    # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
+    # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
+    # latency cap from it: the most tokens per step that keep time per output token on target.
+    step_ms_by_num_tokens: dict[int, float] = Field(default_factory=dict)

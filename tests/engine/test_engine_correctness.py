@@ -78,7 +78,11 @@ def test_ragged_batch_equals_each_alone(tiny_model_folder: Path) -> None:
             blocking.wait_fill(h)
         together = [blocking.token_ids(blocking.wait_generate(h)) for h in gens]
         assert together == alone
-        assert engine.stats().num_steps > 0
+        stats = engine.stats()
+        assert stats.num_steps > 0
+        # The online capacity profile: power-of-two buckets, never above the step budget (64).
+        assert stats.step_ms_by_num_tokens
+        assert all(k & (k - 1) == 0 and k <= 64 and ms > 0 for k, ms in stats.step_ms_by_num_tokens.items())
     finally:
         engine.stop()
 
