@@ -79,6 +79,8 @@ class SessionCore:
     def submit_call(self, spec: CallSpec, outputs: list[SemanticVariable]) -> None:
         with self._lock:
             self._push(spec, outputs)
+            for var in outputs:
+                var._seq = self._num_queued  # reading an output waits for its call to be sent
 
     def _push(self, op: VariableSpec | CallSpec, vars_: list[SemanticVariable]) -> None:
         self._queue.append((op, vars_))

@@ -32,6 +32,7 @@ class ApiTransport:
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._headers: dict[str, str] = {}
         self.session_id = ""
+        self.num_submits = 0  # batches sent (thousands of calls take a handful)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -52,6 +53,7 @@ class ApiTransport:
 
     async def submit(self, req: SubmitRequest) -> SubmitResponse:
         body = req.model_dump(mode="json", exclude_defaults=True)
+        self.num_submits += 1
         resp = await self._http.post(self._path("/submit"), json=body, headers=self._headers)
         return SubmitResponse.model_validate(_checked(resp))
 

@@ -28,7 +28,7 @@ class SemanticVariable:
         self._core = core
         self.var_id = var_id
         self.name = name
-        self._seq = seq  # position of its creation in the session's queue of operations
+        self._seq = seq  # queue position of the last operation that defines it (creation, or its call)
         self._value = value  # known locally: set by this client, or read once
         self._error: ParrotError | None = None  # its creation was refused
 
@@ -86,6 +86,7 @@ class SemanticVariable:
                 put(e)
             put(_END)
 
+        self._check_open()
         asyncio.run_coroutine_threadsafe(pump(), self._core.loop)
 
     # --- writing ----------------------------------------------------------------------------------
@@ -110,7 +111,8 @@ class SemanticVariable:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             self._check_not_on_loop()
-        except RuntimeError:
+            self._check_open()
+        except BaseException:
             coro.close()
             raise
         return asyncio.run_coroutine_threadsafe(coro, self._core.loop).result()
@@ -118,4 +120,13 @@ class SemanticVariable:
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         if asyncio.get_running_loop() is self._core.loop:
             return await coro
+        try:
+            self._check_open()
+        except BaseException:
+            coro.close()
+            raise
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._core.loop))
+
+    def _check_open(self) -> None:
+        if self._core.loop.is_closed():
+            raise ParrotError(f"variable {self.var_id!r}: its session is closed", status=410, field="session_id")
