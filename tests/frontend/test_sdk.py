@@ -15,6 +15,7 @@ from parrot.frontend import (
     Output,
     ParrotError,
     SamplingParams,
+    SemanticFunction,
     Session,
     native_function,
     semantic_function,
@@ -93,10 +94,9 @@ def test_streaming_get_in_sync_and_async_code(server: LiveServer) -> None:
 
     async def main() -> None:
         async with AsyncSession(server.url) as s:
-            from parrot.frontend import SemanticFunction
-
             tell = SemanticFunction("tell", "Tell me about {{input:x}}:{{output:y}}", ["x"], {"y": long})
-            out = tell("the sea")
+            out = tell("the sea")  # finds the active session
+            assert out._core is s.core
             chunks = [c async for c in out.astream()]
             assert len(chunks) >= 2 and "".join(chunks) == await out.aget()
 
