@@ -1,0 +1,1 @@
+"""Example applications written with the Parrot SDK (parrot.frontend); see each module's docstring."""
