@@ -1,0 +1,111 @@
+"""Chat mixed with map-reduce (the paper's Fig. 18): a steady stream of chat requests (a person
+waits on each) shares the engine with map-reduce apps that arrive in bursts (nobody waits on
+their maps, only on the final summary).
+
+Chat is request-level traffic in every configuration (one call, one round trip); the map-reduce
+apps are Parrot SDK apps or request-level clients. A latency-centric engine keeps chat fast but
+slows the maps; a throughput-centric one does the opposite; Parrot's objective deduction should
+get both. Metrics: chat normalized latency (ms per output token) and map-reduce completion time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from benchmarks.apps import map_reduce
+from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Target, at, now
+from benchmarks.scaling import Scale
+from parrot.text import Tokenizer
+
+NAME = "mixed"
+CHAT = Metric("chat_norm_latency_ms", "chat normalized latency", "ms/token")
+MAP_REDUCE = Metric("map_reduce_jct_s", "map-reduce completion time", "s")
+SEED = 18
+
+
+@dataclass(frozen=True)
+class Params:
+    num_chat: int
+    chat_rate: float
+    chat_max_prompt_tokens: int
+    chat_min_output: int
+    chat_max_output: int
+    chat_output_factor: float  # output tokens = recorded reply tokens x this, clamped
+    map_reduce: map_reduce.Params
+    app_starts_s: tuple[float, ...]
+
+
+def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
+    shape = paper["mixed_chat_map_reduce"]
+    starts = [scale.mixed_start_s]
+    for i in range(scale.mixed_apps - 1):
+        starts.append(starts[-1] + scale.mixed_gaps_s[i % len(scale.mixed_gaps_s)])
+    mr = map_reduce.Params(scale.chunk_tokens[0], scale.output_tokens[0], scale.num_chunks)
+    params = Params(
+        scale.chat_requests,
+        scale.chat_rate,
+        scale.chat_max_prompt_tokens,
+        scale.min_output,
+        scale.max_output,
+        scale.output_factor,
+        mr,
+        tuple(starts),
+    )
+    scaling = (
+        f"{params.num_chat} ShareGPT chats at {params.chat_rate:g}/s, prompts <= {params.chat_max_prompt_tokens} "
+        "tokens, "
+        f"outputs = recorded reply length / {round(1 / scale.output_factor)} clamped to {scale.min_output}-"
+        f"{scale.max_output} (paper: {shape['chat']['requests']} chats, recorded lengths); {scale.mixed_apps} "
+        f"map-reduce apps of {mr.num_chunks} x {mr.chunk_tokens} tokens starting at {list(params.app_starts_s)} s "
+        f"(paper: {shape['map_reduce']['apps']} apps of 1024-token chunks from 15 s)"
+    )
+    scenario = Scenario(NAME, f"{NAME}/default", "chat + map-reduce", params, (CHAT, MAP_REDUCE), "mixed", run, scaling)
+    return [scenario]
+
+
+def chat_prompts(params: Params, corpus: Corpus) -> list[tuple[str, int]]:
+    """(chat-formatted prompt, output tokens) of every chat request."""
+    turns = corpus.chat_turns(params.num_chat, SEED, params.chat_max_prompt_tokens)
+    tokenizer: Tokenizer = corpus.tokenizer
+    out = []
+    for t in turns:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": t.prompt}], add_generation_prompt=True)
+        length = max(
+            params.chat_min_output, min(params.chat_max_output, round(t.reply_len * params.chat_output_factor))
+        )
+        out.append((prompt, length))
+    return out
+
+
+async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
+    chats = chat_prompts(params, corpus)
+    mr = params.map_reduce
+    docs = corpus.documents(4 + len(params.app_starts_s), mr.chunk_tokens * mr.num_chunks)[4:]
+    chunk_lists = [corpus.chunks(d, mr.chunk_tokens, mr.num_chunks) for d in docs]
+    client = target.request_client()
+    start = now()
+
+    async def chat(i: int, prompt: str, max_tokens: int) -> float:
+        await at(start, i / params.chat_rate)
+        begin = now()
+        await client.complete(prompt, max_tokens)
+        return (now() - begin) * 1000.0 / max_tokens
+
+    async def app(offset: float, chunks: list[str]) -> float:
+        await at(start, offset)
+        if target.is_parrot:
+            return await map_reduce.parrot_app(mr, target, chunks)
+        return await map_reduce.baseline_app(mr, target, chunks)
+
+    chat_tasks = [chat(i, p, n) for i, (p, n) in enumerate(chats)]
+    app_tasks = [app(offset, chunks) for offset, chunks in zip(params.app_starts_s, chunk_lists, strict=True)]
+    results = await asyncio.gather(*chat_tasks, *app_tasks)
+    norms, jcts = results[: len(chat_tasks)], results[len(chat_tasks) :]
+    num_apps = len(app_tasks)
+    return Outcome(
+        {"chat_norm_latency_ms": sum(norms) / len(norms), "map_reduce_jct_s": sum(jcts) / num_apps},
+        len(chats) + num_apps * (mr.num_chunks + 1),
+        sum(n for _, n in chats) + num_apps * (mr.num_chunks + 1) * mr.output_tokens,
+        {"chat_norm_latency_ms": list(norms), "map_reduce_jct_s": list(jcts)},
+    )
