@@ -182,6 +182,12 @@ def test_bad_requests_get_4xx_naming_the_problem_and_change_nothing(small_server
         got = error_of(resp)
         assert got[:2] == (status, field), (tail, body if len(str(body)) < 300 else "...", got)
         assert needle in got[2]
+    # A streamed (chunked) body is counted as it arrives.
+    chunks = [b'{"template": "'] + [b"x" * 1000] * 70 + [b' {{output:a}}"}']
+    streamed = c.http.post(
+        c.base + "/calls", content=iter(chunks), headers={**bearer(c.token), "content-type": "application/json"}
+    )
+    assert error_of(streamed) == (413, "body", "request body is larger than the limit of 64000 bytes")
     assert error_of(c.put("/variables/set", {"value": "twice"}))[:2] == (409, "value")
     assert error_of(c.put("/variables/c0~a", {"value": "mine"}))[:2] == (409, "var_id")
     assert error_of(c.put("/variables/free", {"value": "v", "error": "e"}))[:2] == (400, None)

@@ -96,3 +96,20 @@ def test_unsupported_options_are_refused_by_name(server: LiveServer, client: ope
     assert no_key.status_code == 401 and no_key.json()["error"]["param"] == "authorization"
     assert server.manager.sessions.sessions == {}  # one-call sessions are gone
     assert server.wait_blocks_free(blocks_free).num_blocks_free == blocks_free
+
+
+def test_a_client_leaving_mid_stream_frees_the_context(server: LiveServer) -> None:
+    blocks_free = server.wait_blocks_free(server.stats().num_blocks_total).num_blocks_free
+    body = {"model": "tiny", "prompt": "Count to a thousand:", "max_tokens": 300, "stream": True}
+    with (
+        httpx.Client(base_url=server.url) as http,
+        http.stream("POST", "/v1/completions", json=body, headers={"Authorization": "Bearer k"}) as resp,
+    ):
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert '"object":"text_completion"' in first
+    # The server notices the disconnect, deletes the one-call session, frees the context once the
+    # engine has finished the generation.
+    deadline_blocks = server.wait_blocks_free(blocks_free, timeout_s=60)
+    assert deadline_blocks.num_blocks_free == blocks_free
+    assert server.manager.sessions.sessions == {}

@@ -1,0 +1,67 @@
+"""The manager drives an engine started separately, by URL, through HttpEngineClient."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from parrot.engine.api import AsyncEngine
+from parrot.engine.server.app import create_engine_app
+from parrot.engine.server.launch import ServerThread
+from parrot.protocol.engine_api import FreeContextRequest
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve import HttpEngineClient, create_manager
+
+SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def test_manager_over_http_engine_matches_in_process(tiny_engine: AsyncEngine) -> None:
+    with ServerThread(create_engine_app(tiny_engine)) as engine_server:
+
+        async def main() -> None:
+            remote = HttpEngineClient(engine_server.url)
+            local = create_manager([tiny_engine])
+            over_http = create_manager([remote])  # tokenizer folder from GET /v1/engine/info
+            await local.start()
+            await over_http.start()
+            assert over_http.pool.models == ["tiny"]
+            values = []
+            for manager in (local, over_http):
+                created = manager.create_session("k")
+                session = manager.session(created.session_id, created.token)
+                manager.submit(
+                    session,
+                    SubmitRequest(
+                        variables=[VariableSpec(var_id="doc", value="A short document.")],
+                        calls=[
+                            CallSpec(
+                                template="Summary of {{input:d}}:{{output:s}}",
+                                bindings={"d": Binding(var_id="doc")},
+                                default_sampling=SMALL,
+                            ),
+                            CallSpec(
+                                template="Shorter: {{input:s}}:{{output:t}}",
+                                bindings={"s": Binding(var_id="c0~s")},
+                                default_sampling=SMALL,
+                            ),
+                        ],
+                    ),
+                )
+                values.append([(await manager.get_variable(session, v)).value for v in ("c0~s", "c1~t")])
+                await manager.delete_session(session)
+                await manager.drain()
+            assert values[0] == values[1]
+            stats = await remote.stats()
+            assert (stats.num_contexts, stats.num_blocks_free) == (0, stats.num_blocks_total)
+            # Engine errors arrive with their status and field.
+            with pytest.raises(ParrotError) as info:
+                await remote.free_context(FreeContextRequest(context_id="nope"))
+            assert (info.value.status, info.value.field) == (404, "context_id")
+            await local.stop()
+            await over_http.stop()
+            await remote.aclose()
+
+        asyncio.run(main())
