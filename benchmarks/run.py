@@ -27,149 +27,24 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus, Scenario, Target
 from benchmarks.baselines import Networked, OpenAIClient, RequestClient, SessionClient
-from benchmarks.deploy import KvMonitor, LocalServer, ServerSpec, accepts_ignore_eos, cached_prompt_tokens, warm_up
+from benchmarks.configs import LATENCY_CAP_TOKENS, Config, plan_configs
+from benchmarks.deploy import KvMonitor, LocalServer, accepts_ignore_eos, cached_prompt_tokens, warm_up
 from benchmarks.netsim import RttModel
 from benchmarks.report import derive, write_report
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
-from parrot.engine.config import EngineConfig
-from parrot.serve import ManagerConfig
-from parrot.serve.scheduler import POLICIES
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/apps")
-LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work runs
-KV_CACHE_BYTES = 512 << 20
 UNIT_TIMEOUT_S = {"quick": 300.0, "full": 1200.0}
 REPEATS = {"quick": 2, "full": 2}
 BUDGET_MIN = {"quick": 13.0, "full": None}  # repeats stop when the next would pass this (from the start)
-
-
-@dataclass(frozen=True)
-class Config:
-    key: str
-    label: str
-    server: str  # a ServerSpec name, or "vllm"
-    parrot: bool  # runs the SDK version of the apps
-    server_dag: bool = True
-    ablation: bool = False
-    about: str = ""
-
-
-@dataclass
-class Plan:
-    specs: list[ServerSpec]
-    configs: list[Config]
-    unavailable: list[str]
-    prefix_field: str | None
-
-
-def manager_switches() -> list[str]:
-    """ManagerConfig's on/off optimizations: boolean fields that default to on."""
-    return [f.name for f in fields(ManagerConfig) if f.default is True]
-
-
-def plan_configs(model: str, dtype: str, threads: int) -> Plan:
-    def engine(cap: int | None, attention: str | None = None) -> EngineConfig:
-        return EngineConfig(
-            model=model,
-            dtype=dtype,
-            latency_max_batched_tokens=cap,
-            attention=attention or EngineConfig().attention,
-            kv_cache_bytes=KV_CACHE_BYTES,
-            num_threads=threads,
-        )
-
-    unavailable: list[str] = []
-    switches = manager_switches()
-    prefix_field = next((name for name in switches if "prefix" in name), None)
-    # Shared-prefix attention only engages on forked contexts, i.e. once the manager shares prefixes.
-    attention = shared_prefix_backend() if prefix_field else None
-    parrot_attention = attention or EngineConfig().attention
-    request_manager = ManagerConfig(**{prefix_field: False}) if prefix_field else ManagerConfig()
-    specs = [
-        ServerSpec("parrot", engine(LATENCY_CAP_TOKENS, attention), ManagerConfig()),
-        ServerSpec("lat", engine(LATENCY_CAP_TOKENS), request_manager),
-        ServerSpec("tput", engine(None), request_manager),
-    ]
-    cap = f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work runs"
-    configs = [
-        Config("parrot", "Parrot", "parrot", True, about=f"SDK, whole DAG per submission; {cap}; {parrot_attention}"),
-        Config("a", "(a) latency", "lat", False, about=f"request-level client; {cap}"),
-        Config("b", "(b) throughput", "tput", False, about="request-level client; no cap"),
-    ]
-    if prefix_field:
-        specs.append(ServerSpec("apc", engine(None), ManagerConfig()))
-        configs.append(Config("c", "(c) prefix reuse", "apc", False, about=f"as (b), {prefix_field}=True"))
-
-    def ablation(key: str, label: str, engine_config: EngineConfig, manager: ManagerConfig, about: str) -> None:
-        specs.append(ServerSpec(key, engine_config, manager))
-        configs.append(Config(key, label, key, True, ablation=True, about=about))
-
-    for name in switches:
-        ablation(
-            f"no_{name}",
-            f"Parrot w/o {name}",
-            engine(LATENCY_CAP_TOKENS, attention),
-            ManagerConfig(**{name: False}),
-            f"ManagerConfig.{name}=False",
-        )
-    if ManagerConfig().policy != "fifo" and "fifo" in POLICIES:
-        about = f"ManagerConfig.policy='fifo' instead of {ManagerConfig().policy!r}"
-        ablation(
-            "no_policy",
-            "Parrot w/ FIFO policy",
-            engine(LATENCY_CAP_TOKENS, attention),
-            ManagerConfig(policy="fifo"),
-            about,
-        )
-    else:
-        unavailable.append(f"ablation: app-centric / affinity scheduling (the manager's policies: {sorted(POLICIES)})")
-    if attention:
-        ablation(
-            "no_shared_attention",
-            "Parrot w/ paged attention",
-            engine(LATENCY_CAP_TOKENS),
-            ManagerConfig(),
-            "attention='paged'",
-        )
-    else:
-        unavailable.append(
-            "ablation: shared-prefix attention (the manager does not share prefixes yet, so no context is forked "
-            "and a shared-prefix backend would never engage; every engine runs the default backend)"
-        )
-    configs.append(
-        Config(
-            "no_server_dag",
-            "Parrot w/o server-side DAG",
-            "parrot",
-            True,
-            server_dag=False,
-            ablation=True,
-            about="the client gets each stage's outputs before submitting the next (a round trip per stage)",
-        )
-    )
-    if not any("objective" in n or "deduc" in n for n in switches):
-        unavailable.append("ablation: objective deduction (no ManagerConfig switch; the manager does not deduce yet)")
-    if prefix_field is None:
-        unavailable.append(
-            "ablation: prefix sharing (no ManagerConfig switch; the manager does not share prefixes yet)"
-        )
-    return Plan(specs, configs, unavailable, prefix_field)
-
-
-def shared_prefix_backend() -> str | None:
-    try:
-        import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers the backend)
-    except ImportError:
-        return None
-    return "shared_prefix"
 
 
 # ---- running -----------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ import pytest
 from benchmarks.apps import all_scenarios, chain_summary, map_reduce
 from benchmarks.apps.common import Corpus, Scenario
 from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
+from benchmarks.configs import Config, plan_configs
 from benchmarks.data import Document
 from benchmarks.deploy import LocalServer, ServerSpec
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_table
-from benchmarks.run import Config, Context, plan_configs, run_unit
+from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from parrot.engine.config import EngineConfig
 from parrot.serve import ManagerConfig

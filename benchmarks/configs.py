@@ -1,0 +1,146 @@
+"""The configurations the application benchmarks compare, derived from what the code base offers.
+
+Parrot and the request-level baselines (a)-(c) run the same builtin engine and model; they differ
+in the client (SDK vs one request per call), the engine's latency cap, and the manager's
+optimizations. What the manager can switch off is read from `ManagerConfig` (boolean fields that
+default to on, e.g. `early_fill`, `prefix_sharing`, `objective_deduction`) and its policy registry,
+so the benchmark picks up optimizations as they land, and names the ones that are missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+from benchmarks.deploy import ServerSpec
+from parrot.engine.config import EngineConfig
+from parrot.serve import ManagerConfig
+from parrot.serve.scheduler import POLICIES
+
+LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work runs
+KV_CACHE_BYTES = 512 << 20
+APP_CENTRIC_POLICY = "app_centric"
+SHARED_PREFIX_ATTENTION = "shared_prefix"
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    label: str
+    server: str  # a ServerSpec name, or "vllm"
+    parrot: bool  # runs the SDK version of the apps
+    server_dag: bool = True
+    ablation: bool = False
+    about: str = ""
+
+
+@dataclass
+class Plan:
+    specs: list[ServerSpec]
+    configs: list[Config]
+    unavailable: list[str]
+    prefix_field: str | None
+
+
+def manager_switches() -> list[str]:
+    """ManagerConfig's on/off optimizations: boolean fields that default to on."""
+    return [f.name for f in fields(ManagerConfig) if f.default is True]
+
+
+def _first(switches: list[str], *hints: str) -> str | None:
+    return next((name for name in switches if any(h in name for h in hints)), None)
+
+
+def plan_configs(model: str, dtype: str, threads: int) -> Plan:
+    default_attention = EngineConfig().attention
+
+    def engine(cap: int | None, attention: str = default_attention) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            dtype=dtype,
+            latency_max_batched_tokens=cap,
+            attention=attention,
+            kv_cache_bytes=KV_CACHE_BYTES,
+            num_threads=threads,
+        )
+
+    unavailable: list[str] = []
+    switches = manager_switches()
+    prefix_field = _first(switches, "prefix")
+    objective_field = _first(switches, "objective", "deduc")
+    policy = APP_CENTRIC_POLICY if APP_CENTRIC_POLICY in POLICIES else ManagerConfig().policy
+    parrot_manager = ManagerConfig(policy=policy)
+    # Request-level serving knows nothing of applications: FIFO, no objectives, no prefix reuse ((c) adds it).
+    plain = {name: False for name in (prefix_field, objective_field) if name}
+    request_manager = ManagerConfig(policy="fifo", **plain)
+    # Shared-prefix attention engages only on forked contexts, i.e. once the manager shares prefixes.
+    attention = default_attention
+    if prefix_field and SHARED_PREFIX_ATTENTION in _registered_backends():
+        attention = SHARED_PREFIX_ATTENTION
+    cap = f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work runs"
+    specs = [
+        ServerSpec("parrot", engine(LATENCY_CAP_TOKENS, attention), parrot_manager),
+        ServerSpec("lat", engine(LATENCY_CAP_TOKENS), request_manager),
+        ServerSpec("tput", engine(None), request_manager),
+    ]
+    configs = [
+        Config(
+            "parrot",
+            "Parrot",
+            "parrot",
+            True,
+            about=f"SDK, whole DAG per submission; policy {policy!r}; {cap}; {attention} attention",
+        ),
+        Config("a", "(a) latency", "lat", False, about=f"request-level client; FIFO; {cap}"),
+        Config("b", "(b) throughput", "tput", False, about="request-level client; FIFO; no cap"),
+    ]
+    if prefix_field:
+        specs.append(ServerSpec("apc", engine(None), ManagerConfig(policy="fifo", **(plain | {prefix_field: True}))))
+        configs.append(Config("c", "(c) prefix reuse", "apc", False, about=f"as (b) with {prefix_field}=True"))
+
+    def ablation(key: str, label: str, engine_config: EngineConfig, manager: ManagerConfig, about: str) -> None:
+        specs.append(ServerSpec(key, engine_config, manager))
+        configs.append(Config(key, label, key, True, ablation=True, about=about))
+
+    for name in switches:
+        manager = ManagerConfig(policy=policy, **{name: False})
+        ablation(f"no_{name}", f"Parrot w/o {name}", engine(LATENCY_CAP_TOKENS, attention), manager, f"{name}=False")
+    if policy != "fifo":
+        manager = ManagerConfig(policy="fifo")
+        ablation("fifo", "Parrot w/ FIFO policy", engine(LATENCY_CAP_TOKENS, attention), manager, "policy='fifo'")
+    else:
+        unavailable.append(f"ablation: app-centric/affinity scheduling (the manager's policies: {sorted(POLICIES)})")
+    if prefix_field and attention == SHARED_PREFIX_ATTENTION:
+        ablation("paged", "Parrot w/ paged attention", engine(LATENCY_CAP_TOKENS, "paged"), parrot_manager, "paged")
+    else:
+        unavailable.append(
+            "ablation: shared-prefix attention (the manager does not share prefixes, so no context is forked and "
+            f"the cascade never engages; every engine runs the default {default_attention!r} backend)"
+        )
+    configs.append(
+        Config(
+            "no_server_dag",
+            "Parrot w/o server-side DAG",
+            "parrot",
+            True,
+            server_dag=False,
+            ablation=True,
+            about="the client gets each stage's outputs before submitting the next (a round trip per stage)",
+        )
+    )
+    if objective_field is None:
+        unavailable.append("ablation: objective deduction (no ManagerConfig switch: the manager does not deduce yet)")
+    if prefix_field is None:
+        unavailable.append(
+            "ablation: prefix sharing (no ManagerConfig switch: the manager does not share prefixes yet)"
+        )
+    return Plan(specs, configs, unavailable, prefix_field)
+
+
+def _registered_backends() -> set[str]:
+    """Attention backends the engine knows (the registry has no public listing)."""
+    from parrot.engine.attention import registry
+
+    with contextlib.suppress(ImportError):
+        import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers its backends)
+    return set(registry._BACKENDS)
