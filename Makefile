@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/python -m parrot.cli demo
+	$(BIN)/python -m examples
 
 serve: install
 	$(BIN)/python -m parrot.cli serve

@@ -1,4 +1,4 @@
-"""Command line: `parrot serve | engine | chat | demo`.
+"""Command line: `parrot serve | engine | chat` (`make demo` runs `python -m examples`).
 
 parrot serve   # manager + builtin engine on the default model (embedded mode), HTTP on :8000
 parrot engine  # a builtin engine alone, serving the engine API (to join a manager by URL)
@@ -111,12 +111,6 @@ def cmd_chat(a: argparse.Namespace) -> None:
         engine.stop()
 
 
-def cmd_demo(a: argparse.Namespace) -> None:
-    from parrot.demo import run_demo
-
-    run_demo(_engine_config(a), doc_tokens=a.doc_tokens)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parrot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -138,10 +132,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("prompt", nargs="?", default="Give me three tips for writing clear code.")
     p.add_argument("--max-tokens", type=int, default=96)
     p.set_defaults(fn=cmd_chat)
-    p = sub.add_parser("demo", help="embedded mode + example applications")
-    _engine_args(p)
-    p.add_argument("--doc-tokens", type=int, default=1500, help="tokens of the document to summarize")
-    p.set_defaults(fn=cmd_demo)
     a = parser.parse_args(argv)
     a.fn(a)
 
