@@ -60,6 +60,23 @@ class SessionCreated(_Msg):
     idle_timeout_s: float
 
 
+class CallStatus(_Msg):
+    """One call of a session as the manager sees it, with its deduced performance objective."""
+
+    call_id: str
+    name: str | None
+    state: str  # waiting | running | done | failed
+    objective: Criteria  # deduced from the gets downstream (latency or throughput)
+    urgency: Criteria | None  # the strongest criteria waiting on it (None: nobody asked yet)
+    task_group: str | None  # call id of the consumer its task group feeds
+    priority: int
+    engine_id: str | None
+    num_attempts: int  # re-dispatches after an engine died
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens reused from cached prefixes filled by other calls
+    num_generated_tokens: int
+
+
 class SessionStatus(_Msg):
     session_id: str
     num_variables: int
@@ -70,6 +87,32 @@ class SessionStatus(_Msg):
     num_calls_failed: int
     idle_timeout_s: float
     idle_s: float
+    calls: list[CallStatus] = Field(default_factory=list)
+
+
+# --- engines (operators) ----------------------------------------------------------------------
+
+
+class RegisterEngineRequest(_Msg):
+    url: str = Field(min_length=1, max_length=2048, description="the engine server's base URL")
+    max_running_calls: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the manager's")
+
+
+class EngineInfo(_Msg):
+    engine_id: str
+    url: str | None
+    model: str
+    alive: bool
+    num_running_calls: int
+    num_latency_calls: int
+    latency_cap: int  # calls it may run while it hosts latency-critical work (calibrated)
+    num_cached_prefixes: int
+    num_blocks_free: int
+    num_blocks_total: int
+
+
+class EngineList(_Msg):
+    engines: list[EngineInfo]
 
 
 # --- variables --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 import parrot
 from parrot.serve.http_edge import BodyLimitMiddleware, install_error_handlers
 from parrot.serve.manager import Manager
+from parrot.serve.routes_engines import router as engines_router
 from parrot.serve.routes_openai import router as openai_router
 from parrot.serve.routes_sessions import router as sessions_router
 
@@ -44,6 +45,7 @@ def create_app(manager: Manager, *, manage_lifespan: bool = True) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
     app.include_router(sessions_router)
     app.include_router(openai_router)
+    app.include_router(engines_router)
 
     @app.get("/health", tags=["health"])
     async def health() -> dict[str, str]:

@@ -1,11 +1,20 @@
 """Runs one semantic call on its engine through the engine API.
 
-A call owns one engine context, `<session_id>.<call_id>`. Its prompt is filled piece by piece: an
-early fill may put the ready prefix there before the call's last inputs arrive; `run` fills the
-rest up to the first output, generates it, fills the text up to the next output, generates that,
-and so on (the generated tokens stay in the context, so later text continues after them). Each
-output variable is set the moment its generation ends, so its consumers can start while this call
-still generates its later outputs.
+A call owns one engine context, `<session_id>.<call_id>` (`.r<n>` on its n-th re-dispatch). Its
+prompt is filled piece by piece: an early fill may put the ready prefix there before the call's last
+inputs arrive; `run` fills the rest up to the first output, generates it, fills the text up to the
+next output, generates that, and so on (the generated tokens stay in the context, so later text
+continues after them). Each output variable is set the moment its generation ends, so its
+consumers can start while this call still generates its later outputs.
+
+With prefix sharing, the context's first fill forks from a cached prefix context leased from
+`PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
+the call's own context waits for the dispatch, so calls that share what follows the ready prefix
+can still share it. Fill and Generate carry the call's deduced objective and priority.
+
+A re-run after an engine died resumes: outputs set before are filled back as their generated
+tokens, and an output cut off mid-generation continues from its tokens so far (never repeated,
+never lost).
 
 Owned by the executor, which serializes a runner's steps (one in flight at a time).
 """
@@ -16,8 +25,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest
+from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.errors import ParrotError
+from parrot.serve.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
+from parrot.serve.engine_client import EngineUnavailable
 from parrot.serve.engines import EngineHandle
 from parrot.serve.graph import CallNode
 from parrot.serve.render import check_prompt_len, pieces_token_ids, stages
@@ -34,51 +45,128 @@ class CallRunner:
         variables: Mapping[str, Variable],
         engine: EngineHandle,
         on_output_set: Callable[[Variable], None],
+        prefixes: PrefixContexts | None = None,
     ) -> None:
         self.call = call
         self.variables = variables
         self.engine = engine
-        self.context_id = f"{session_id}.{call.call_id}"
+        suffix = f".r{call.num_attempts}" if call.num_attempts else ""
+        self.context_id = f"{session_id}.{call.call_id}{suffix}"
         self.on_output_set = on_output_set
+        self.prefixes = prefixes
+        self.lease: Lease | None = None  # the cached prefix our context forks (or will fork) from
+        self.running = False  # set by `run`; before it, fills are early fills
         self.has_context = False  # a fill was sent: the engine may hold the context
         self.num_filled_pieces = 0
         self.counts_as_early_filled = False  # the executor's early-fill bookkeeping on the engine
+        self.task: asyncio.Task[None] | None = None  # the executor's task now working for it
+        self.engine_lost = False  # its engine died: the executor starts the call over
+
+    async def rebind(self, engine: EngineHandle, timeout_s: float) -> None:
+        """Run on another engine than the early fill's: what was filled there is given up."""
+        await self.free(timeout_s)
+        self.num_filled_pieces = 0
+        self.engine = engine
+        self.engine_lost = False
 
     async def fill_to(self, stop: int) -> None:
         """Fill pieces [num_filled_pieces, stop) (all known) into the context."""
         start = self.num_filled_pieces
         if stop <= start:
             return
-        token_ids = pieces_token_ids(self.call, self.variables, self.engine.tokenizer, start, stop)
-        if token_ids:
-            self.has_context = True  # before the await: the engine may create it even if we are cancelled
-            await self.engine.client.fill(FillRequest(context_id=self.context_id, token_ids=token_ids))
-            self.call.num_prompt_tokens += len(token_ids)
+        if not self.has_context and self.prefixes is not None:
+            await self._first_fill(self.prefixes, stop)
+            return
+        await self._fill_tokens(pieces_token_ids(self.call, self.variables, self.engine.tokenizer, start, stop))
         self.num_filled_pieces = stop
+
+    async def _first_fill(self, prefixes: PrefixContexts, stop: int) -> None:
+        """Fork our context from the longest cached prefix (creating the ones worth caching)."""
+        block_tokens = prefixes.config.prefix_block_tokens
+        token_ids, points = prompt_points(self.call, self.variables, self.engine.tokenizer, stop, block_tokens)
+        early = not self.running
+        lease = await prefixes.lease(self.engine, self.call, token_ids, points, early)
+        if lease is not None:
+            self._drop_lease()
+            self.lease = lease
+        if early and (self.lease is not None or (points and prefixes.cache.num_sharers(points[-1].prefix_hash) > 1)):
+            return  # warmed (or siblings share this prefix and may share what follows): wait
+        parent = self.lease.entry if self.lease is not None else None
+        if parent is None and not token_ids:
+            self.num_filled_pieces = stop
+            return
+        num_parent_tokens = parent.num_tokens if parent is not None else 0
+        self.has_context = True  # before the await: the engine may create it even if we are cancelled
+        result = await self.engine.client.fill(
+            FillRequest(
+                context_id=self.context_id,
+                token_ids=token_ids[num_parent_tokens:],
+                parent_context_id=None if parent is None else parent.context_id,
+                objective=self.call.objective,
+                priority=self.call.priority,
+            )
+        )
+        self.call.num_prompt_tokens += len(token_ids)
+        if self.lease is not None and self.lease.hit_tokens:
+            # The parent's last token is computed by our fill; the rest of the hit was reused.
+            reused = result.num_tokens - result.num_filled_tokens - 1
+            self.call.num_cached_tokens = max(0, min(self.lease.hit_tokens - 1, reused))
+        self.num_filled_pieces = stop
+
+    async def _fill_tokens(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            return
+        self.has_context = True  # before the await: the engine may create it even if we are cancelled
+        await self.engine.client.fill(
+            FillRequest(
+                context_id=self.context_id,
+                token_ids=token_ids,
+                objective=self.call.objective,
+                priority=self.call.priority,
+            )
+        )
+        self.call.num_prompt_tokens += len(token_ids)
 
     async def run(self) -> None:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""
+        self.running = True
         check_prompt_len(self.call, self.variables, self.engine.tokenizer, self.engine.max_model_len, field="prompt")
         for _, stop, name in stages(self.call.template):
             await self.fill_to(stop)
             if not self.has_context:
                 raise ParrotError(f"the prompt before output {name!r} is empty", field="template")
-            await self._generate(name)
+            var = self.variables[self.call.outputs[name]]
+            if var.value is not None and name in self.call.finish_reasons:
+                await self._fill_tokens(self.call.output_token_ids[name])  # set by an earlier run
+            else:
+                await self._generate(name, var)
             self.num_filled_pieces = stop + 1  # the generated tokens are in the context
 
-    async def _generate(self, name: str) -> None:
-        var = self.variables[self.call.outputs[name]]
+    async def _generate(self, name: str, var: Variable) -> None:
+        sampling = self.call.sampling[name]
+        generated = self.call.output_token_ids.setdefault(name, [])
+        if generated:  # an earlier run was cut off: continue after its tokens
+            await self._fill_tokens(generated)
+            self._append_held_back_text(var, generated)
+            if len(generated) >= sampling.max_tokens:
+                self._set_output(name, var, "length")
+                return
+            sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(generated)})
         events = self.engine.client.generate(
-            GenerateRequest(context_id=self.context_id, sampling=self.call.sampling[name])
+            GenerateRequest(
+                context_id=self.context_id,
+                sampling=sampling,
+                objective=self.call.objective,
+                priority=self.call.priority,
+            )
         )
-        parts: list[str] = []
         finish_reason: str | None = None
         try:
             async for event in events:
                 if event.token_id is not None:
+                    generated.append(event.token_id)
                     self.call.num_generated_tokens += 1
                 if event.text:
-                    parts.append(event.text)
                     var.append(event.text)
                 if event.finish_reason is not None:
                     finish_reason = event.finish_reason
@@ -93,30 +181,33 @@ class CallRunner:
             if aclose is not None:
                 await aclose()
         if finish_reason is None:
-            raise ParrotError(f"the engine's stream for {name!r} ended without a finish reason", status=502)
+            raise EngineUnavailable(f"the engine's stream for {name!r} ended without a finish reason")
+        self._set_output(name, var, finish_reason)
+
+    def _set_output(self, name: str, var: Variable, finish_reason: str) -> None:
         self.call.finish_reasons[name] = finish_reason
         if not var.is_done:  # a deleted session failed it already
-            var.set("".join(parts))
+            var.set("".join(var.chunks))  # exactly the text streamed, across runs
             self.on_output_set(var)
 
+    def _append_held_back_text(self, var: Variable, generated: list[int]) -> None:
+        # The engine holds text back while a stop string may be forming; a run cut off then
+        # streamed less than its tokens say.
+        streamed = "".join(var.chunks)
+        text = self.engine.tokenizer.decode(generated)
+        if text.startswith(streamed) and len(text) > len(streamed):
+            var.append(text[len(streamed) :])
+
+    def _drop_lease(self) -> None:
+        if self.lease is not None and self.prefixes is not None:
+            self.prefixes.release(self.lease)
+        self.lease = None
+
     async def free(self, timeout_s: float) -> None:
-        """Release the context; retried with backoff while the engine finishes work queued on it."""
+        """Release the context (retried while the engine finishes work queued on it) and the lease."""
+        self._drop_lease()
         if not self.has_context:
             return
-        request = FreeContextRequest(context_id=self.context_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        delay_s = 0.005
-        while True:
-            try:
-                await self.engine.client.free_context(request)
-                break
-            except ParrotError as e:
-                if e.status == 404:  # never created (its fill was refused)
-                    break
-                if e.status != 409 or loop.time() > deadline:
-                    log.warning("context %s not freed: %s", self.context_id, e.message)
-                    break
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 0.25)
+        if self.engine.alive:
+            await free_with_retry(self.engine.client, self.context_id, timeout_s)
         self.has_context = False

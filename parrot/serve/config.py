@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,37 @@ class ManagerConfig:
     # reader went away runs to its end); the free is retried with backoff for this long.
     free_timeout_s: float = 600.0
 
+    # --- the paper's optimizations; each can be switched off (benchmarks measure them alone) ---
+    # Prefix sharing (prefix.py, prefix_cache.py, contexts.py): calls fork from cached prefix
+    # contexts hashed at Semantic Variable boundaries (plain requests: chat messages and fixed
+    # token blocks of `prefix_block_tokens`); prefixes shorter than `min_prefix_tokens` are not
+    # cached. Idle cached prefixes are evicted when an engine's free KV blocks fall below
+    # `prefix_evict_below_free` (a fraction), until `prefix_evict_to_free` is free again.
+    prefix_sharing: bool = True
+    min_prefix_tokens: int = 32
+    prefix_block_tokens: int = 64
+    prefix_evict_below_free: float = 0.1
+    prefix_evict_to_free: float = 0.2
+    # Objective deduction (objectives.py): off, every call gets `default_objective`.
+    objective_deduction: bool = True
+    default_objective: Objective = Objective.LATENCY
+    # App-centric policy ("app_centric"): a latency-critical engine runs at most as many calls as
+    # batched tokens keep its time per output token under `tpot_target_ms`, calibrated from the
+    # engine's step profile (`latency_cap_calls` fixes it instead; `initial_latency_cap_calls`
+    # until a profile exists). Ready calls waiting `aging_s` go first.
+    tpot_target_ms: float = 50.0
+    latency_cap_calls: int | None = None
+    initial_latency_cap_calls: int = 16
+    aging_s: float = 2.0
+
+    # --- many engines (health.py) ---
+    # Engines are polled every `heartbeat_interval_s`; one silent for `engine_dead_after_s` is
+    # dead: its calls are re-dispatched (at most `max_call_attempts` runs per call).
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 2.0
+    engine_dead_after_s: float = 3.0
+    max_call_attempts: int = 3
+
     def __post_init__(self) -> None:
         for name in (
             "session_idle_timeout_s",
@@ -38,12 +70,28 @@ class ManagerConfig:
             "max_body_bytes",
             "max_running_calls_per_engine",
             "free_timeout_s",
+            "min_prefix_tokens",
+            "prefix_block_tokens",
+            "tpot_target_ms",
+            "initial_latency_cap_calls",
+            "heartbeat_interval_s",
+            "heartbeat_timeout_s",
+            "engine_dead_after_s",
+            "max_call_attempts",
         ):
             if getattr(self, name) <= 0:
                 raise ParrotError(f"{name} must be > 0", field=name)
         if self.max_early_filled_calls_per_engine < 0:
             raise ParrotError(
                 "max_early_filled_calls_per_engine must be >= 0", field="max_early_filled_calls_per_engine"
+            )
+        if self.latency_cap_calls is not None and self.latency_cap_calls < 1:
+            raise ParrotError("latency_cap_calls must be >= 1 (or None: calibrated)", field="latency_cap_calls")
+        if self.aging_s < 0:
+            raise ParrotError("aging_s must be >= 0", field="aging_s")
+        if not 0 <= self.prefix_evict_below_free <= self.prefix_evict_to_free <= 1:
+            raise ParrotError(
+                "need 0 <= prefix_evict_below_free <= prefix_evict_to_free <= 1", field="prefix_evict_below_free"
             )
         if any(not k for k in self.api_keys):
             raise ParrotError("api keys must be non-empty", field="api_keys")

@@ -2,7 +2,8 @@
 
 `EngineClient` is structural: the builtin engine's in-process `AsyncEngine` satisfies it as is (the
 embedded mode), and `HttpEngineClient` speaks the same four calls to an engine server by URL.
-Errors arrive as ParrotError with the engine's status and field.
+Errors arrive as ParrotError with the engine's status and field; an engine that does not answer
+raises EngineUnavailable.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from parrot.protocol.engine_api import (
     TokenEvent,
 )
 from parrot.protocol.errors import ParrotError
+
+
+class EngineUnavailable(ParrotError):
+    """The engine did not answer (connection refused or dropped, timeout): the engine may be dead,
+    not the request wrong. The executor re-dispatches the call elsewhere."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503, field=None)
 
 
 @runtime_checkable
@@ -56,13 +65,16 @@ class HttpEngineClient:
         return FillResult.model_validate(await self._post("/v1/engine/fill", req.model_dump(mode="json")))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        async with self._http.stream("POST", "/v1/engine/generate", json=req.model_dump(mode="json")) as resp:
-            if resp.status_code >= 400:
-                await resp.aread()
-                raise _error(resp)
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    yield TokenEvent.model_validate_json(line)
+        try:
+            async with self._http.stream("POST", "/v1/engine/generate", json=req.model_dump(mode="json")) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise _error(resp)
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield TokenEvent.model_validate_json(line)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
 
     async def free_context(self, req: FreeContextRequest) -> None:
         await self._post("/v1/engine/free_context", req.model_dump(mode="json"))
@@ -75,16 +87,25 @@ class HttpEngineClient:
         return dict(await self._get("/v1/engine/info"))
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        resp = await self._http.post(path, json=body)
+        try:
+            resp = await self._http.post(path, json=body)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
         if resp.status_code >= 400:
             raise _error(resp)
         return resp.json() if resp.content else None
 
     async def _get(self, path: str) -> Any:
-        resp = await self._http.get(path)
+        try:
+            resp = await self._http.get(path)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
         if resp.status_code >= 400:
             raise _error(resp)
         return resp.json()
+
+    def _unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
+        return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")
 
 
 def _error(resp: httpx.Response) -> ParrotError:

@@ -1,15 +1,19 @@
 """The engines a manager dispatches to: one handle per engine, with its model and tokenizer.
 
 Owned by the manager. The load counters on a handle are the executor's bookkeeping (what it has
-dispatched), not the engine's own numbers, which `EngineClient.stats()` reports.
+dispatched), not the engine's own numbers, which `EngineClient.stats()` reports; `stats`, `alive`,
+`last_heartbeat` and `latency_cap` are the health monitor's (health.py). Engines may be added while
+serving; a dead engine keeps its handle (for status) and is never scheduled again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from parrot.protocol.engine_api import EngineStats
 from parrot.protocol.errors import ParrotError
 from parrot.serve.engine_client import EngineClient, engine_model_folder
 from parrot.text import Tokenizer
@@ -22,8 +26,15 @@ class EngineHandle:
     model: str
     max_model_len: int
     tokenizer: Tokenizer
+    stats: EngineStats  # the latest heartbeat's (health.py)
     num_running_calls: int = 0
+    num_latency_calls: int = 0  # running calls deduced latency-critical
     num_early_filled_calls: int = 0  # waiting calls whose prefix sits in this engine's KV
+    max_running_calls: int | None = None  # given at registration; else the manager's limit
+    alive: bool = True  # False once the health monitor declared it dead (never revived)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    latency_cap: int = 1 << 30  # calibrated by the health monitor (capacity.py)
+    url: str | None = None
 
 
 class EnginePool:
@@ -34,26 +45,48 @@ class EnginePool:
         self._tokenizer_folder = None if tokenizer_folder is None else Path(tokenizer_folder)
         self.handles: dict[str, EngineHandle] = {}
         self.default_model = ""
+        self._tokenizers: dict[Path, Tokenizer] = {}
+        self._num_added = 0
 
     async def start(self) -> None:
         """Ask each engine for its model and load its tokenizer (one per folder)."""
-        tokenizers: dict[Path, Tokenizer] = {}
-        for i, client in enumerate(self._clients):
-            stats = await client.stats()
-            folder = self._tokenizer_folder or await engine_model_folder(client)
-            if folder is None:
-                raise ParrotError(f"engine {i} does not say where its tokenizer is: pass tokenizer_folder")
-            if folder not in tokenizers:
-                tokenizers[folder] = Tokenizer(folder)
-            engine_id = f"e{i}"
-            self.handles[engine_id] = EngineHandle(
-                engine_id, client, stats.model, stats.max_model_len, tokenizers[folder]
-            )
-        self.default_model = next(iter(self.handles.values())).model
+        for client in self._clients:
+            await self.add(client)
+
+    async def add(
+        self, client: EngineClient, max_running_calls: int | None = None, url: str | None = None
+    ) -> EngineHandle:
+        """Register an engine (also while serving): its model, context length and tokenizer."""
+        stats = await client.stats()
+        folder = self._tokenizer_folder or await engine_model_folder(client)
+        if folder is None:
+            raise ParrotError("the engine does not say where its tokenizer is: pass tokenizer_folder", field="url")
+        if folder not in self._tokenizers:
+            self._tokenizers[folder] = Tokenizer(folder)
+        engine_id = f"e{self._num_added}"
+        self._num_added += 1
+        handle = EngineHandle(
+            engine_id,
+            client,
+            stats.model,
+            stats.max_model_len,
+            self._tokenizers[folder],
+            stats,
+            max_running_calls=max_running_calls,
+            url=url,
+        )
+        self.handles[engine_id] = handle
+        if not self.default_model:
+            self.default_model = handle.model
+        return handle
+
+    @property
+    def alive(self) -> list[EngineHandle]:
+        return [h for h in self.handles.values() if h.alive]
 
     @property
     def models(self) -> list[str]:
-        return list(dict.fromkeys(h.model for h in self.handles.values()))
+        return list(dict.fromkeys(h.model for h in self.alive))
 
     def resolve_model(self, model: str | None, field: str = "model") -> str:
         if model is None:
@@ -63,5 +96,5 @@ class EnginePool:
         return model
 
     def for_model(self, model: str) -> EngineHandle:
-        """Any engine of `model`: they share tokenizer and context length."""
-        return next(h for h in self.handles.values() if h.model == model)
+        """An engine of `model` (a live one if any): they share tokenizer and context length."""
+        return next(h for h in sorted(self.handles.values(), key=lambda h: not h.alive) if h.model == model)

@@ -1,13 +1,18 @@
 """The graph executor: releases calls onto engines as their inputs become ready.
 
 Owns every not-yet-dispatched call (across sessions), the runners of placed calls and their tasks.
-Event-driven: a new call, a set variable or a finished call marks calls dirty and wakes one loop,
-which (1) recomputes the dirty calls' views, (2) asks the policy for a plan on the snapshot and
-(3) applies the plan. Only step 3 has effects, so the decision logic stays pure (scheduler.py).
+Event-driven: a new call, a set variable, a new `get`, a finished call or a dead engine marks
+calls dirty and wakes one loop, which (1) re-deduces the objectives of changed sessions
+(objectives.py) and recomputes the dirty calls' views (views.py), (2) asks the policy for a plan on
+the snapshot and (3) applies the plan. Only step 3 has effects, so the decision logic stays pure
+(scheduler.py, app_centric.py).
 
 Because a consumer's release needs only its producer's output variable, a whole DAG submitted at
 once runs level after level with no client round trip. The tasks of one call run one after another
 (an early fill, then the run), so a call's context never sees two of our requests at once.
+
+A run whose engine stops answering goes back to waiting and is dispatched again (on a live engine,
+at most `max_call_attempts` runs); its runner resumes the outputs (call_runner.py).
 """
 
 from __future__ import annotations
@@ -20,27 +25,41 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from parrot.protocol.errors import ParrotError
-from parrot.serve.analysis import failed_input, inputs_ready, num_ready_pieces
+from parrot.protocol.objective import Objective
 from parrot.serve.call_runner import CallRunner
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engines import EnginePool
+from parrot.serve.contexts import PrefixContexts
+from parrot.serve.engine_client import EngineUnavailable
+from parrot.serve.engines import EngineHandle, EnginePool
 from parrot.serve.graph import CallNode, CallState
+from parrot.serve.objectives import deduce_session
 from parrot.serve.scheduler import CallKey, CallView, EngineView, Plan, Snapshot, make_policy
 from parrot.serve.session import Session
 from parrot.serve.variable import Variable
+from parrot.serve.views import CallViews
 
 log = logging.getLogger(__name__)
 
 
 class GraphExecutor:
-    def __init__(self, pool: EnginePool, config: ManagerConfig) -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        config: ManagerConfig,
+        prefixes: PrefixContexts | None = None,
+        on_engine_error: Callable[[str], None] = lambda engine_id: None,
+    ) -> None:
         self.pool = pool
         self.config = config
+        self.prefixes = prefixes
+        self.on_engine_error = on_engine_error  # the health monitor probes the engine
         self.policy = make_policy(config.policy)
         self._waiting: dict[CallKey, tuple[Session, CallNode]] = {}
-        self._views: dict[CallKey, CallView] = {}
+        self._views = CallViews(pool, config, None if prefixes is None else prefixes.cache)
         self._dirty: set[CallKey] = set()
+        self._deduce: dict[str, Session] = {}  # sessions whose objectives need deducing again
         self._runners: dict[CallKey, CallRunner] = {}
+        self._counted: dict[CallKey, tuple[EngineHandle, bool, CallRunner]] = {}  # running: engine, is latency
         self._tasks: dict[CallKey, asyncio.Task[None]] = {}  # the latest task of each call
         self._freeing: dict[CallKey, asyncio.Task[None]] = {}  # context frees in flight
         self._order = itertools.count()
@@ -65,6 +84,16 @@ class GraphExecutor:
             key = (session.session_id, call.call_id)
             self._waiting[key] = (session, call)
             self._dirty.add(key)
+        self._deduce[session.session_id] = session
+        self._wake.set()
+
+    def criteria_changed(self, session: Session) -> None:
+        """A `get` asked for new criteria: the session's objectives are deduced again."""
+        self._deduce[session.session_id] = session
+        self._wake.set()
+
+    def engines_changed(self) -> None:
+        """An engine was added, or its stats (capacity) changed: plan again."""
         self._wake.set()
 
     def variables_set(self, session: Session, variables: Iterable[Variable]) -> None:
@@ -79,12 +108,36 @@ class GraphExecutor:
     def _output_set(self, session: Session, var: Variable) -> None:
         self.variables_set(session, [var])
 
+    def engine_died(self, engine_id: str) -> None:
+        """Forget the engine's prefixes; its early-filled calls start over and its running calls
+        are stopped and dispatched again elsewhere."""
+        if self.prefixes is not None:
+            self.prefixes.drop_engine(engine_id)
+        for key, runner in list(self._runners.items()):
+            if runner.engine.engine_id != engine_id:
+                continue
+            runner.engine_lost = True
+            if runner.task is not None and not runner.task.done():
+                runner.task.cancel()  # its early fill or run sees engine_lost
+            if key in self._waiting:
+                self._start_over(key)
+        self._wake.set()
+
+    def _start_over(self, key: CallKey) -> None:
+        """A waiting call's early work is lost: forget its runner; it may go anywhere now."""
+        self._retire(key)
+        call = self._waiting[key][1]
+        call.engine_id, call.num_fill_requested = None, 0
+        self._dirty.add(key)
+        self._wake.set()
+
     async def drop_session(self, session: Session) -> None:
         """Forget the session's calls, cancel their work and free their engine contexts."""
         sid = session.session_id
+        self._deduce.pop(sid, None)
         for key in [k for k in self._waiting if k[0] == sid]:
             del self._waiting[key]
-            self._views.pop(key, None)
+            self._views.drop(key)
             self._dirty.discard(key)
         tasks = [t for k, t in self._tasks.items() if k[0] == sid]
         for task in tasks:
@@ -112,14 +165,29 @@ class GraphExecutor:
 
     def step(self) -> Plan:
         self.num_steps += 1
+        for session in self._deduce.values():
+            self._deduce_objectives(session)
+        self._deduce.clear()
         for key in self._dirty:
             entry = self._waiting.get(key)
             if entry is not None:
-                self._views[key] = _view(key, *entry)
+                self._views.update(key, *entry, self._runners.get(key))
         self._dirty.clear()
         plan = self.policy.plan(self.snapshot())
         self._apply(plan)
         return plan
+
+    def _deduce_objectives(self, session: Session) -> None:
+        default = self.config.default_objective
+        deduced = deduce_session(session.graph, default) if self.config.objective_deduction else {}
+        for call in session.graph.calls.values():
+            d = deduced.get(call.call_id)
+            new = (d.objective, d.urgency, d.task_group, d.priority) if d else (default, None, None, 0)
+            if new != (call.objective, call.urgency, call.task_group, call.priority):
+                call.objective, call.urgency, call.task_group, call.priority = new
+                key = (session.session_id, call.call_id)
+                if key in self._waiting:
+                    self._dirty.add(key)
 
     def snapshot(self) -> Snapshot:
         engines = tuple(
@@ -127,13 +195,31 @@ class GraphExecutor:
                 h.engine_id,
                 h.model,
                 h.num_running_calls,
-                self.config.max_running_calls_per_engine,
+                h.max_running_calls or self.config.max_running_calls_per_engine,
                 h.num_early_filled_calls,
                 self.config.max_early_filled_calls_per_engine,
+                alive=h.alive,
+                num_latency_calls=h.num_latency_calls,
+                latency_cap=h.latency_cap,
             )
             for h in self.pool.handles.values()
         )
-        return Snapshot(tuple(self._views.values()), engines, self.config.early_fill)
+        groups: dict[str, set[str]] = {}
+        apps: dict[str, set[str]] = {}
+        for key, (handle, _, runner) in self._counted.items():
+            call = runner.call
+            if call.task_group is not None:
+                groups.setdefault(f"{key[0]}/{call.task_group}", set()).add(handle.engine_id)
+            apps.setdefault(key[0], set()).add(handle.engine_id)
+        return Snapshot(
+            self._views.current(),
+            engines,
+            self.config.early_fill,
+            now=time.monotonic(),
+            aging_s=self.config.aging_s,
+            group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
+            app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
+        )
 
     # --- applying a plan --------------------------------------------------------------------------
 
@@ -160,17 +246,35 @@ class GraphExecutor:
             self._chain(fill.key, functools.partial(self._early_fill, fill.key, runner, fill.num_pieces))
         for dispatch in plan.dispatch:
             session, call = self._take(dispatch.key)
+            engine = self.pool.handles[dispatch.engine_id]
             runner = self._runner(session, call, dispatch.engine_id)
             if runner.counts_as_early_filled:
                 runner.counts_as_early_filled = False
                 runner.engine.num_early_filled_calls -= 1
-            runner.engine.num_running_calls += 1
+            is_latency = call.objective is Objective.LATENCY
+            engine.num_running_calls += 1
+            engine.num_latency_calls += is_latency
+            self._counted[dispatch.key] = (engine, is_latency, runner)
             call.state = CallState.RUNNING
             call.dispatched_at = time.monotonic()
-            self._chain(dispatch.key, functools.partial(self._run, session, runner))
+            task = self._chain(dispatch.key, functools.partial(self._run, session, runner, engine))
+            task.add_done_callback(functools.partial(self._uncount_when_done, dispatch.key, runner))
+
+    def _uncount_when_done(self, key: CallKey, runner: CallRunner, _: asyncio.Task[None]) -> None:
+        self._uncount(key, runner)
+
+    def _uncount(self, key: CallKey, runner: CallRunner) -> None:
+        """The run of `runner` ended: its engine has room again (a later run of the call keeps its own)."""
+        counted = self._counted.get(key)
+        if counted is not None and counted[2] is runner:
+            del self._counted[key]
+            engine, is_latency, _ = counted
+            engine.num_running_calls -= 1
+            engine.num_latency_calls -= is_latency
+            self._wake.set()
 
     def _take(self, key: CallKey) -> tuple[Session, CallNode]:
-        self._views.pop(key, None)
+        self._views.drop(key)
         self._dirty.discard(key)
         return self._waiting.pop(key)
 
@@ -185,11 +289,12 @@ class GraphExecutor:
                 session.graph.variables,
                 self.pool.handles[engine_id],
                 functools.partial(self._output_set, session),
+                self.prefixes,
             )
             self._runners[key] = runner
         return runner
 
-    def _chain(self, key: CallKey, work: Callable[[], Awaitable[None]]) -> None:
+    def _chain(self, key: CallKey, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
         """Run `work` after the call's previous task, whatever that task's outcome."""
         prev = self._tasks.get(key)
 
@@ -201,39 +306,84 @@ class GraphExecutor:
         task = asyncio.get_running_loop().create_task(chained())
         self._tasks[key] = task
         task.add_done_callback(lambda t: self._tasks.pop(key) if self._tasks.get(key) is t else None)
+        return task
 
     async def _early_fill(self, key: CallKey, runner: CallRunner, num_pieces: int) -> None:
+        runner.task = asyncio.current_task()
         try:
             await runner.fill_to(num_pieces)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if runner.engine_lost and task is not None:  # engine_died started the call over
+                task.uncancel()
+                return
+            raise
         except ParrotError as e:
-            if key not in self._waiting:
-                return  # dispatched meanwhile: the run refills and reports
+            if key not in self._waiting or self._runners.get(key) is not runner:
+                return  # dispatched meanwhile (the run refills and reports) or started over
+            if isinstance(e, EngineUnavailable):
+                self.on_engine_error(runner.engine.engine_id)
+                self._start_over(key)
+                return
             session, call = self._take(key)
             self._finish(session, call, ParrotError(f"call {call.call_id} failed: {e.message}", status=e.status))
             self._retire(key)
 
-    async def _run(self, session: Session, runner: CallRunner) -> None:
+    async def _run(self, session: Session, runner: CallRunner, engine: EngineHandle) -> None:
         call = runner.call
-        key = (session.session_id, call.call_id)
+        runner.task = asyncio.current_task()
         error: ParrotError | None = None
         try:
+            if runner.engine is not engine:  # the early fill went elsewhere
+                await runner.rebind(engine, self.config.free_timeout_s)
+            if runner.engine_lost:
+                raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
             await runner.run()
+        except EngineUnavailable as e:
+            if self._requeue(session, runner):
+                return
+            error = e
         except ParrotError as e:
             error = e
         except asyncio.CancelledError:
-            error = ParrotError(f"call {call.call_id} was cancelled", status=410)
+            task = asyncio.current_task()
+            if runner.engine_lost and task is not None and self._requeue(session, runner):
+                task.uncancel()
+                return
+            self._end(session, runner, ParrotError(f"call {call.call_id} was cancelled", status=410))
             raise
         except Exception as e:  # an engine bug: the call fails, the manager keeps serving
             log.exception("call %s failed", runner.context_id)
             error = ParrotError(f"internal error in call {call.call_id}: {e}", status=500)
-        finally:
-            runner.engine.num_running_calls -= 1
-            if error is not None:
-                error = ParrotError(
-                    f"call {call.call_id} failed: {error.message}", status=error.status, field=error.field
-                )
-            self._finish(session, call, error)
-            self._retire(key)
+        self._end(session, runner, error)
+
+    def _end(self, session: Session, runner: CallRunner, error: ParrotError | None) -> None:
+        call = runner.call
+        if error is not None:
+            error = ParrotError(f"call {call.call_id} failed: {error.message}", status=error.status, field=error.field)
+        self._finish(session, call, error)
+        self._retire((session.session_id, call.call_id))
+
+    def _requeue(self, session: Session, runner: CallRunner) -> bool:
+        """Put a call whose engine stopped answering back to waiting; False if out of attempts."""
+        call = runner.call
+        key = (session.session_id, call.call_id)
+        call.num_attempts += 1
+        if call.num_attempts >= self.config.max_call_attempts:
+            return False
+        if any(session.graph.variables[v].error is not None for v in call.outputs.values()):
+            return False  # its session was deleted meanwhile
+        log.warning("engine %s lost call %s; dispatching it again", runner.engine.engine_id, runner.context_id)
+        self.on_engine_error(runner.engine.engine_id)
+        self._retire(key)
+        self._uncount(key, runner)
+        call.state = CallState.WAITING
+        call.engine_id, call.num_fill_requested, call.dispatched_at = None, 0, None
+        call.num_prompt_tokens = call.num_cached_tokens = 0
+        self._waiting[key] = (session, call)
+        self._dirty.add(key)
+        self._wake.set()
+        return True
 
     def _finish(self, session: Session, call: CallNode, error: ParrotError | None) -> None:
         call.state = CallState.DONE if error is None else CallState.FAILED
@@ -257,25 +407,12 @@ class GraphExecutor:
         if runner.counts_as_early_filled:
             runner.counts_as_early_filled = False
             runner.engine.num_early_filled_calls -= 1
-        if runner.has_context:
-            task = asyncio.get_running_loop().create_task(runner.free(self.config.free_timeout_s))
-            self._freeing[key] = task
-            task.add_done_callback(lambda t: self._freeing.pop(key, None))
+        task = asyncio.get_running_loop().create_task(runner.free(self.config.free_timeout_s))
+        self._freeing[key] = task
+        task.add_done_callback(lambda t: self._freeing.pop(key, None) if self._freeing.get(key) is t else None)
 
     async def _retire_after(self, key: CallKey) -> None:
         self._retire(key)
 
 
-def _view(key: CallKey, session: Session, call: CallNode) -> CallView:
-    variables = session.graph.variables
-    failed = failed_input(call, variables)
-    return CallView(
-        key=key,
-        model=call.model,
-        order=call.order,
-        inputs_ready=inputs_ready(call, variables),
-        failed_var_id=None if failed is None else failed.var_id,
-        num_ready_pieces=num_ready_pieces(call, variables),
-        num_filled_pieces=call.num_fill_requested,
-        engine_id=call.engine_id,
-    )
+__all__ = ["CallView", "GraphExecutor"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import CallSpec, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate
@@ -59,12 +60,23 @@ class CallNode:
         self.finished_at: float | None = None
         # Usage, written by the runner.
         self.num_prompt_tokens = 0
-        # Prompt tokens whose KV came from a context this call forked from. The manager knows it
-        # from the fork (FillResult.num_filled_tokens is no guide: the engine computes a fill's
-        # last token with the next generate). No forks yet, so 0 until prefix sharing (issue 4).
+        # Prompt tokens whose KV came from a cached prefix context filled by other calls (the
+        # runner knows it from the fork; contexts.py).
         self.num_cached_tokens = 0
         self.num_generated_tokens = 0
         self.finish_reasons: dict[str, str] = {}  # output name -> the engine's finish reason
+        # Deduced objective (objectives.py; the executor writes it, status shows it).
+        self.objective = Objective.LATENCY
+        self.urgency: Criteria | None = None
+        self.task_group: str | None = None  # call id of the consumer its group feeds
+        self.priority = 0
+        # Plain requests: token positions in the single text piece where chat messages end (prefix
+        # points, prefix.py); None for semantic calls, whose points are the piece boundaries.
+        self.message_boundaries: tuple[int, ...] | None = None
+        # Re-dispatch (an engine died): runs started, and each output's generated token ids so far
+        # (complete or not), so a re-run resumes instead of losing or repeating text.
+        self.num_attempts = 0
+        self.output_token_ids: dict[str, list[int]] = {}
 
     @property
     def input_var_ids(self) -> list[str]:

@@ -23,6 +23,7 @@ from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import (
     CallInfo,
     CallSpec,
+    CallStatus,
     SessionCreated,
     SessionStatus,
     SubmitRequest,
@@ -35,10 +36,14 @@ from parrot.protocol.public_api import (
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineClient
-from parrot.serve.engines import EnginePool
+from parrot.serve.contexts import PrefixContexts
+from parrot.serve.engine_client import EngineClient, EngineUnavailable
+from parrot.serve.engines import EngineHandle, EnginePool
 from parrot.serve.executor import GraphExecutor
 from parrot.serve.graph import CallNode, CallState, StagedBatch
+from parrot.serve.health import HealthMonitor
+from parrot.serve.prefix import chat_message_boundaries
+from parrot.serve.prefix_cache import PrefixCache
 from parrot.serve.render import check_prompt_len, text_piece_token_ids
 from parrot.serve.session import Session, SessionRegistry
 from parrot.serve.variable import Variable
@@ -56,23 +61,55 @@ class Manager:
         self.config = config or ManagerConfig()
         self.pool = EnginePool(engines, tokenizer_folder)
         self.sessions = SessionRegistry(self.config)
-        self.executor = GraphExecutor(self.pool, self.config)
+        self.prefix_cache = PrefixCache()
+        self.prefixes = PrefixContexts(self.prefix_cache, self.config) if self.config.prefix_sharing else None
+        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
+        self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self._expiry_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.pool.start()
         self.executor.start()
+        self.health.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_loop(), name="parrot-session-expiry")
 
     async def stop(self) -> None:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
             await asyncio.gather(self._expiry_task, return_exceptions=True)
+        await self.health.stop()
         for session in list(self.sessions.sessions.values()):
             await self.delete_session(session, "closed: the manager stopped")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.executor.drain(), timeout=10.0)
+        if self.prefixes is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.prefixes.clear(self.pool.handles), timeout=10.0)
         await self.executor.stop()
+
+    # --- engines ----------------------------------------------------------------------------------
+
+    async def add_engine(
+        self, client: EngineClient, max_running_calls: int | None = None, url: str | None = None
+    ) -> EngineHandle:
+        """Register an engine while serving; it takes calls from the next scheduling step."""
+        if url is not None and any(h.url == url and h.alive for h in self.pool.handles.values()):
+            raise conflict(f"engine {url!r} is registered already", field="url")
+        try:
+            handle = await self.pool.add(client, max_running_calls, url)
+        except EngineUnavailable as e:
+            raise ParrotError(f"cannot reach the engine: {e.message}", status=400, field="url") from e
+        self.health.calibrate(handle)
+        self.executor.engines_changed()
+        return handle
+
+    def _engine_died(self, handle: EngineHandle) -> None:
+        self.executor.engine_died(handle.engine_id)
+
+    def _engine_stats(self, handle: EngineHandle) -> None:
+        if self.prefixes is not None:
+            self.prefixes.relieve(handle)
+        self.executor.engines_changed()
 
     async def drain(self) -> None:
         """Until the engine contexts of finished or deleted calls are all freed."""
@@ -99,7 +136,25 @@ class Manager:
 
     def status(self, session: Session) -> SessionStatus:
         counts = collections.Counter(c.state for c in session.graph.calls.values())
+        calls = [
+            CallStatus(
+                call_id=c.call_id,
+                name=c.name,
+                state=c.state.value,
+                objective=c.objective,
+                urgency=c.urgency,
+                task_group=c.task_group,
+                priority=c.priority,
+                engine_id=c.engine_id,
+                num_attempts=c.num_attempts,
+                num_prompt_tokens=c.num_prompt_tokens,
+                num_cached_tokens=c.num_cached_tokens,
+                num_generated_tokens=c.num_generated_tokens,
+            )
+            for c in session.graph.calls.values()
+        ]
         return SessionStatus(
+            calls=calls,
             session_id=session.session_id,
             num_variables=len(session.graph.variables),
             num_calls=len(session.graph.calls),
@@ -136,10 +191,16 @@ class Manager:
     def submit_call(self, session: Session, spec: CallSpec) -> CallInfo:
         return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
 
-    def submit_parsed(self, session: Session, spec: CallSpec, template: ParsedTemplate) -> CallNode:
-        """A call whose template is already pieces (the OpenAI routes: raw prompt text is never parsed)."""
+    def submit_parsed(
+        self, session: Session, spec: CallSpec, template: ParsedTemplate, message_prefixes: Sequence[str] = ()
+    ) -> CallNode:
+        """A plain request (the OpenAI routes): its one text piece is the raw prompt, never parsed
+        for placeholders. `message_prefixes` are the rendered leading chat messages (prefix points
+        at message boundaries). A client waits on the answer: its output is latency-critical."""
         model = self.pool.resolve_model(spec.model)
-        return self._submit(session, [], [(spec, template, model)], "").calls[0]
+        call = self._submit(session, [], [(spec, template, model)], "", message_prefixes).calls[0]
+        self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
+        return call
 
     def _submit(
         self,
@@ -147,6 +208,7 @@ class Manager:
         var_specs: Sequence[VariableSpec],
         calls: Sequence[tuple[CallSpec, ParsedTemplate, str]],
         prefix: str,
+        message_prefixes: Sequence[str] | None = None,
     ) -> StagedBatch:
         graph = session.graph
         staged = graph.stage(var_specs, calls, prefix)
@@ -173,6 +235,10 @@ class Manager:
             call.piece_token_ids = text_piece_token_ids(call.template, engine.tokenizer)
             field = f"{prefix}[{j}].template" if prefix else "template"
             check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+            if message_prefixes is not None:  # a plain request: one text piece
+                prompt_ids = call.piece_token_ids[0] or []
+                prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
+                call.message_boundaries = tuple(n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids))
         graph.commit(staged)
         self.executor.add_calls(session, staged.calls)
         return staged
@@ -209,7 +275,7 @@ class Manager:
     ) -> VariableValue:
         """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
         var = self.variable(session, var_id)
-        _note_criteria(var, criteria)
+        self.note_criteria(session, var, criteria)
         session.num_waiting_gets += 1
         try:
             await var.wait(timeout_s)
@@ -225,7 +291,7 @@ class Manager:
     ) -> AsyncIterator[str]:
         """Text chunks as they are generated; raises the variable's error if it fails."""
         var = self.variable(session, var_id)
-        _note_criteria(var, criteria)
+        self.note_criteria(session, var, criteria)
         return self._stream(session, var)
 
     async def _stream(self, session: Session, var: Variable) -> AsyncIterator[str]:
@@ -238,14 +304,15 @@ class Manager:
             session.num_waiting_gets -= 1
             session.touch()
 
+    def note_criteria(self, session: Session, var: Variable, criteria: Criteria) -> None:
+        """A get asked for `var` with `criteria`: the session's objectives are deduced again.
+        Latency wins: one person waiting is enough to make the value latency-critical."""
+        if var.criteria is not Criteria.LATENCY and var.criteria is not criteria:
+            var.criteria = criteria
+            self.executor.criteria_changed(session)
+
     def list_variables(self, session: Session) -> VariableList:
         return VariableList(variables=[v.info() for v in session.graph.variables.values()])
-
-
-def _note_criteria(var: Variable, criteria: Criteria) -> None:
-    # Latency wins: one person waiting is enough to make the value latency-critical.
-    if var.criteria is not Criteria.LATENCY:
-        var.criteria = criteria
 
 
 def create_manager(

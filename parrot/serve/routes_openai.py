@@ -3,6 +3,8 @@
 Each request opens a session for the API key's tenant, submits one call whose template is the raw
 prompt (never parsed for placeholders) followed by one output, streams or awaits that output and
 deletes the session, which frees the engine context even when the client goes away mid-stream.
+Requests share prompt prefixes like semantic calls do: hashed at chat-message boundaries and at
+fixed token blocks (prefix.py); `usage.prompt_tokens_details.cached_tokens` reports the reuse.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
 _OUTPUT = "completion"
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 _MAX_WAIT_S = 24 * 3600.0
+_MAX_MESSAGE_POINTS = 16  # message boundaries considered for prefix sharing (the first and the latest)
 
 
 @router.get("/models", response_model=ModelList)
@@ -87,8 +90,16 @@ async def chat_completions(
     tokenizer = manager.pool.for_model(model).tokenizer
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    # Prefix points at message boundaries (the system prompt, the conversation so far).
+    counts = range(1, len(messages) + 1)
+    if len(messages) > _MAX_MESSAGE_POINTS:
+        counts = range(len(messages) - _MAX_MESSAGE_POINTS + 2, len(messages) + 1)
+        counts = [1, *counts]  # type: ignore[assignment]
+    prefixes = [tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False) for k in counts]
     max_tokens = req.max_completion_tokens or req.max_tokens
-    run = _OneCall(manager, api_key, req.model, prompt, req, default_max_tokens=None, max_tokens=max_tokens)
+    run = _OneCall(
+        manager, api_key, req.model, prompt, req, default_max_tokens=None, max_tokens=max_tokens, prefixes=prefixes
+    )
     if req.stream:
         return StreamingResponse(run.stream_sse(_chat_chunk), media_type="text/event-stream")
     text, finish_reason, usage = await run.complete()
@@ -123,6 +134,7 @@ class _OneCall:
         req: CompletionRequest | ChatCompletionRequest,
         default_max_tokens: int | None,
         max_tokens: int | None = None,
+        prefixes: list[str] | None = None,
     ) -> None:
         self.manager = manager
         self.model = model
@@ -149,7 +161,7 @@ class _OneCall:
         template = ParsedTemplate((TextPiece(prompt), Placeholder(_OUTPUT, PlaceholderKind.OUTPUT)), (), (_OUTPUT,))
         try:
             spec = CallSpec(template=prompt, sampling={_OUTPUT: sampling}, model=resolved, name="openai")
-            self.call: CallNode = manager.submit_parsed(self.session, spec, template)
+            self.call: CallNode = manager.submit_parsed(self.session, spec, template, prefixes or [])
         except BaseException:
             self.manager.sessions.remove(self.session.session_id, "closed")
             raise

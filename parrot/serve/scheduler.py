@@ -9,17 +9,18 @@ A plan says, for calls that are not yet dispatched:
 - `EarlyFill`: inputs are missing, but the first `num_pieces` pieces are known; fill them now so the
   prompt is mostly prefilled when the producer finishes (pipelining).
 
-Policies are strategies in `POLICIES`. Issue 4 adds app-centric ones (task groups, objective-aware
-capacity, prefix affinity) next to `fifo`.
+Policies are strategies in `POLICIES`: `fifo` (submission order, least-loaded engine) and
+`app_centric` (app_centric.py: objectives, task groups, prefix affinity, calibrated capacity).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 
 CallKey = tuple[str, str]  # (session_id, call_id)
 
@@ -33,7 +34,14 @@ class CallView:
     failed_var_id: str | None  # an input that failed
     num_ready_pieces: int  # leading pieces with known tokens (before the first output)
     num_filled_pieces: int  # leading pieces already filled (or being filled) on `engine_id`
-    engine_id: str | None  # set once the call has a context on an engine (affinity)
+    engine_id: str | None  # set once the call has early work on an engine (affinity)
+    # Read by the app-centric policy (objectives.py, prefix_cache.py); FIFO ignores them.
+    objective: Objective = Objective.LATENCY
+    priority: int = 0
+    task_group: str | None = None  # unique across sessions
+    pinned: bool = False  # its own context exists on `engine_id`: it must run there
+    prefix_hits: tuple[tuple[str, int], ...] = ()  # (engine_id, tokens of its longest prefix cached there)
+    ready_since: float = 0.0  # monotonic time it became ready to run (aging)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,9 @@ class EngineView:
     max_running_calls: int
     num_early_filled_calls: int
     max_early_filled_calls: int
+    alive: bool = True
+    num_latency_calls: int = 0  # running latency-critical calls
+    latency_cap: int = 1 << 30  # calibrated: most calls while it hosts latency work (capacity.py)
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,10 @@ class Snapshot:
     calls: tuple[CallView, ...]
     engines: tuple[EngineView, ...]
     early_fill: bool = True
+    now: float = 0.0  # monotonic time of the snapshot (aging)
+    aging_s: float = 0.0  # waiting this long puts a call first (app-centric)
+    group_engines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # task group -> engines running it
+    app_engines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # session -> engines running it
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +136,17 @@ class FifoPolicy:
 
 
 def _least(engines: dict[str, EngineView], load: dict[str, int], model: str) -> str | None:
-    candidates = [e for e in engines if engines[e].model == model]
+    candidates = [e for e in engines if engines[e].model == model and engines[e].alive]
     return min(candidates, key=lambda e: (load[e], e), default=None)
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {"fifo": FifoPolicy}
+def _app_centric() -> Policy:
+    from parrot.serve.app_centric import AppCentricPolicy  # it builds on this module's types
+
+    return AppCentricPolicy()
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {"fifo": FifoPolicy, "app_centric": _app_centric}
 
 
 def make_policy(name: str) -> Policy:

@@ -112,10 +112,18 @@ class LiveServer:
     def stats(self) -> EngineStats:
         return self.call(self.engine.stats())
 
+    def clear_prefix_cache(self) -> None:
+        """Free the manager's idle cached prefix contexts: they outlive sessions by design."""
+        prefixes = self.manager.prefixes
+        if prefixes is not None:
+            self.call(prefixes.clear(self.manager.pool.handles))
+
     def wait_blocks_free(self, num_blocks_free: int, timeout_s: float = 30.0) -> EngineStats:
-        """Poll until the engine's free block count is `num_blocks_free` (frees run after calls end)."""
+        """Poll until the engine's free block count is `num_blocks_free` (frees run after calls end),
+        once the idle cached prefixes are freed too."""
         deadline = time.monotonic() + timeout_s
         while True:
+            self.clear_prefix_cache()
             stats = self.stats()
             if stats.num_blocks_free == num_blocks_free or time.monotonic() > deadline:
                 return stats

@@ -44,6 +44,9 @@ class Client:
     def state(self) -> tuple[Any, Any]:
         status = self.get("").json()
         del status["idle_s"]
+        # Per-call run state moves on its own (early fills; any get, even one that times out,
+        # re-deduces objectives): the graph's own state is what bad requests must not change.
+        status["calls"] = [(c["call_id"], c["name"], c["state"], c["task_group"]) for c in status["calls"]]
         return status, self.get("/variables").json()
 
 

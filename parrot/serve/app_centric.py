@@ -1,0 +1,180 @@
+"""The app-centric scheduling policy (the paper's §5, Algorithm 1): a pure function of a snapshot.
+
+Ready calls are taken in rank order:
+  1. calls that have waited `aging_s` (no starvation behind latency-critical or cache-hot work);
+  2. latency-critical calls, then higher priority (a group whose consumer a person awaits);
+  3. calls with a longer cached prefix on some engine (cache-hot first);
+  4. submission order.
+Any order of ready calls is topological: a ready call's producers have finished.
+
+Placement among the engines of the call's model that are alive and have room prefers, in order:
+the engine holding the call's longest cached prefix, the engine already running its task group,
+the engine running its application, the least loaded. A task group is placed on one engine when
+all its ready members fit there. Room follows the objectives an engine hosts (capacity.py):
+while it runs latency-critical work it takes at most its calibrated latency cap of calls; with
+throughput work alone, its plain limit. A ready call that fits nowhere reserves the engine that
+will have room first, so later-ranked work cannot take that engine's freed slots forever.
+Early fills (pipelining) go to the engine the call will most likely run on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from parrot.protocol.objective import Objective
+from parrot.serve.capacity import call_capacity
+from parrot.serve.scheduler import CallKey, CallView, Dispatch, EarlyFill, EngineView, FailCall, Plan, Snapshot
+
+
+@dataclass
+class _Load:
+    """What the plan has put on the engines so far (starts from the snapshot)."""
+
+    running: dict[str, int]
+    latency: dict[str, int]
+    early: dict[str, int]
+    groups: dict[str, set[str]]
+    apps: dict[str, set[str]]
+    reserved: set[str] = field(default_factory=set)
+
+    def place(self, call: CallView, engine_id: str) -> None:
+        self.running[engine_id] += 1
+        if call.objective is Objective.LATENCY:
+            self.latency[engine_id] += 1
+        if call.task_group is not None:
+            self.groups.setdefault(call.task_group, set()).add(engine_id)
+        self.apps.setdefault(call.key[0], set()).add(engine_id)
+
+
+class AppCentricPolicy:
+    def plan(self, snapshot: Snapshot) -> Plan:
+        engines = {e.engine_id: e for e in snapshot.engines}
+        load = _Load(
+            running={e.engine_id: e.num_running_calls for e in snapshot.engines},
+            latency={e.engine_id: e.num_latency_calls for e in snapshot.engines},
+            early={e.engine_id: e.num_early_filled_calls for e in snapshot.engines},
+            groups={g: set(es) for g, es in snapshot.group_engines.items()},
+            apps={a: set(es) for a, es in snapshot.app_engines.items()},
+        )
+        fail = [FailCall(c.key, c.failed_var_id) for c in snapshot.calls if c.failed_var_id is not None]
+        ready = [c for c in snapshot.calls if c.failed_var_id is None and c.inputs_ready]
+        ready.sort(key=lambda c: _rank(c, snapshot))
+        dispatch: list[Dispatch] = []
+        blocked: list[CallKey] = []
+        placed: set[CallKey] = set()
+        for call in ready:
+            if call.key in placed:
+                continue
+            group = _group_members(call, ready, placed)
+            if len(group) > 1:
+                engine_id = _best(group[0], engines, load, num_calls=len(group), objectives=group)
+                if engine_id is not None:
+                    for member in group:
+                        load.place(member, engine_id)
+                        dispatch.append(Dispatch(member.key, engine_id))
+                        placed.add(member.key)
+                    continue
+            engine_id = _best(call, engines, load)
+            if engine_id is None:
+                blocked.append(call.key)
+                _reserve(call, engines, load)
+                continue
+            load.place(call, engine_id)
+            dispatch.append(Dispatch(call.key, engine_id))
+            placed.add(call.key)
+        early_fill = _early_fills(snapshot, engines, load) if snapshot.early_fill else []
+        return Plan(tuple(fail), tuple(early_fill), tuple(dispatch), tuple(blocked))
+
+
+def _rank(call: CallView, snapshot: Snapshot) -> tuple[int, int, int, int, int]:
+    aged = snapshot.aging_s > 0 and snapshot.now - call.ready_since >= snapshot.aging_s
+    best_hit = max((n for _, n in call.prefix_hits), default=0)
+    latency = call.objective is Objective.LATENCY
+    return (0 if aged else 1, 0 if latency else 1, -call.priority, -best_hit, call.order)
+
+
+def _group_members(call: CallView, ready: list[CallView], placed: set[CallKey]) -> list[CallView]:
+    if call.task_group is None or call.pinned:
+        return [call]
+    return [c for c in ready if c.task_group == call.task_group and c.key not in placed and not c.pinned]
+
+
+def _candidates(call: CallView, engines: dict[str, EngineView]) -> list[EngineView]:
+    if call.pinned:
+        e = engines.get(call.engine_id or "")
+        return [e] if e is not None and e.alive else []
+    return [e for e in engines.values() if e.model == call.model and e.alive]
+
+
+def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool) -> bool:
+    cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+    return load.running[e.engine_id] + num_calls <= cap
+
+
+def _best(
+    call: CallView,
+    engines: dict[str, EngineView],
+    load: _Load,
+    num_calls: int = 1,
+    objectives: list[CallView] | None = None,
+) -> str | None:
+    """The preferred engine with room for `num_calls` calls like `call` (or the group's calls)."""
+    any_latency = any(c.objective is Objective.LATENCY for c in (objectives or [call]))
+    hits = dict(call.prefix_hits)
+    group_at = load.groups.get(call.task_group or "", set())
+    app_at = load.apps.get(call.key[0], set())
+    fitting = [
+        e
+        for e in _candidates(call, engines)
+        if e.engine_id not in load.reserved and _fits(e, load, num_calls, any_latency)
+    ]
+    if not fitting:
+        return None
+    best = min(
+        fitting,
+        key=lambda e: (
+            -hits.get(e.engine_id, 0),
+            e.engine_id not in group_at,
+            e.engine_id not in app_at,
+            e.engine_id != call.engine_id,
+            load.running[e.engine_id],
+            e.engine_id,
+        ),
+    )
+    return best.engine_id
+
+
+def _reserve(call: CallView, engines: dict[str, EngineView], load: _Load) -> None:
+    """Hold back the candidate engine that will have room first for a call that fits nowhere."""
+    free = [e for e in _candidates(call, engines) if e.engine_id not in load.reserved]
+    if free:
+        load.reserved.add(min(free, key=lambda e: (load.running[e.engine_id], e.engine_id)).engine_id)
+
+
+def _early_fills(snapshot: Snapshot, engines: dict[str, EngineView], load: _Load) -> list[EarlyFill]:
+    out: list[EarlyFill] = []
+    for call in sorted(snapshot.calls, key=lambda c: c.order):
+        if call.failed_var_id is not None or call.inputs_ready or call.num_ready_pieces <= call.num_filled_pieces:
+            continue
+        engine_id = call.engine_id
+        if engine_id is None or not engines[engine_id].alive:
+            hits = dict(call.prefix_hits)
+            group_at = load.groups.get(call.task_group or "", set())
+            app_at = load.apps.get(call.key[0], set())
+            room = [e for e in _candidates(call, engines) if load.early[e.engine_id] < e.max_early_filled_calls]
+            if not room:
+                continue
+            engine_id = min(
+                room,
+                key=lambda e: (
+                    -hits.get(e.engine_id, 0),
+                    e.engine_id not in group_at,
+                    e.engine_id not in app_at,
+                    load.early[e.engine_id],
+                    e.engine_id,
+                ),
+            ).engine_id
+            load.early[engine_id] += 1
+            load.apps.setdefault(call.key[0], set()).add(engine_id)
+        out.append(EarlyFill(call.key, engine_id, call.num_ready_pieces))
+    return out

@@ -1,0 +1,108 @@
+"""Engine health: heartbeats, dead-engine detection, capacity calibration and memory relief.
+
+Owned by the manager; runs on its event loop. Every `heartbeat_interval_s` it asks each live engine
+for its stats (within `heartbeat_timeout_s`). An answer refreshes the engine's handle: its stats,
+its latency cap calibrated from its step profile (capacity.py), and its memory (idle cached
+prefixes are evicted when free KV blocks run low, contexts.py). An engine silent for
+`engine_dead_after_s` is declared dead: it is never scheduled again, and `on_dead` drops its cached
+prefixes and re-dispatches its calls. A call that finds its engine unreachable asks for a probe at
+once (`suspect`); an engine that then refuses the connection is dead without waiting the interval.
+
+The manager pulls heartbeats (engines need not know the manager's address); an engine registers by
+URL through the manager's API or is given at startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from parrot.protocol.errors import ParrotError
+from parrot.serve.capacity import calibrate_latency_cap
+from parrot.serve.config import ManagerConfig
+from parrot.serve.engine_client import EngineUnavailable
+from parrot.serve.engines import EngineHandle, EnginePool
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        pool: EnginePool,
+        config: ManagerConfig,
+        on_dead: Callable[[EngineHandle], None],
+        on_stats: Callable[[EngineHandle], None] = lambda handle: None,
+    ) -> None:
+        self.pool = pool
+        self.config = config
+        self.on_dead = on_dead
+        self.on_stats = on_stats
+        self._task: asyncio.Task[None] | None = None
+        self._probes: dict[str, asyncio.Task[bool]] = {}
+
+    def start(self) -> None:
+        for handle in self.pool.handles.values():
+            self.calibrate(handle)
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="parrot-health")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._probes.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+
+    def calibrate(self, handle: EngineHandle) -> None:
+        max_cap = handle.max_running_calls or self.config.max_running_calls_per_engine
+        handle.latency_cap = self.config.latency_cap_calls or calibrate_latency_cap(
+            handle.stats.step_ms_by_num_tokens,
+            self.config.tpot_target_ms,
+            fallback=self.config.initial_latency_cap_calls,
+            max_cap=max_cap,
+        )
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await asyncio.gather(*(self.probe(h) for h in self.pool.alive), return_exceptions=True)
+
+    def suspect(self, engine_id: str) -> None:
+        """A call could not reach the engine: probe it now (one probe at a time per engine)."""
+        handle = self.pool.handles.get(engine_id)
+        if handle is None or not handle.alive or engine_id in self._probes:
+            return
+        task = asyncio.get_running_loop().create_task(self.probe(handle, suspected=True))
+        self._probes[engine_id] = task
+        task.add_done_callback(lambda _: self._probes.pop(engine_id, None))
+
+    async def probe(self, handle: EngineHandle, suspected: bool = False) -> bool:
+        """One heartbeat; True if the engine answered."""
+        if not handle.alive:
+            return False
+        try:
+            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+                stats = await handle.client.stats()
+        except (ParrotError, TimeoutError, OSError) as e:
+            refused = suspected and isinstance(e, EngineUnavailable)
+            silent_s = time.monotonic() - handle.last_heartbeat
+            if refused or silent_s >= self.config.engine_dead_after_s:
+                self.declare_dead(handle, f"{type(e).__name__}: {e}")
+            return False
+        handle.stats = stats
+        handle.last_heartbeat = time.monotonic()
+        self.calibrate(handle)
+        try:
+            self.on_stats(handle)
+        except Exception:  # a bug in eviction must not kill the heartbeat
+            log.exception("handling the stats of engine %s failed", handle.engine_id)
+        return True
+
+    def declare_dead(self, handle: EngineHandle, why: str) -> None:
+        if not handle.alive:
+            return
+        handle.alive = False
+        log.warning("engine %s (%s) is dead: %s", handle.engine_id, handle.url or handle.model, why)
+        self.on_dead(handle)

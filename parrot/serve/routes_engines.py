@@ -1,0 +1,55 @@
+"""Operator routes: list the engines and register new ones while serving.
+
+`POST /v1/engines {"url": ...}` connects to an engine server by URL (its model, context length and
+tokenizer are read from it); from then on the manager sends it heartbeats and calls. `GET
+/v1/engines` shows each engine's liveness, load, calibrated latency cap and cached prefixes.
+Both need an accepted API key.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from parrot.protocol.public_api import EngineInfo, EngineList, ErrorResponse, RegisterEngineRequest
+from parrot.serve.engine_client import HttpEngineClient
+from parrot.serve.engines import EngineHandle
+from parrot.serve.http_edge import BearerToken
+from parrot.serve.manager import Manager
+from parrot.serve.routes_sessions import ManagerDep
+
+_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 409)}
+router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=_ERRORS)
+
+
+@router.get("", response_model=EngineList)
+async def list_engines(api_key: BearerToken, manager: ManagerDep) -> EngineList:
+    manager.sessions.tenant_of(api_key)
+    return EngineList(engines=[_info(manager, h) for h in manager.pool.handles.values()])
+
+
+@router.post("", status_code=201, response_model=EngineInfo)
+async def register_engine(req: RegisterEngineRequest, api_key: BearerToken, manager: ManagerDep) -> EngineInfo:
+    """Connect to an engine server and start scheduling calls onto it."""
+    manager.sessions.tenant_of(api_key)
+    client = HttpEngineClient(req.url)
+    try:
+        handle = await manager.add_engine(client, req.max_running_calls, url=req.url)
+    except BaseException:
+        await client.aclose()
+        raise
+    return _info(manager, handle)
+
+
+def _info(manager: Manager, h: EngineHandle) -> EngineInfo:
+    return EngineInfo(
+        engine_id=h.engine_id,
+        url=h.url,
+        model=h.model,
+        alive=h.alive,
+        num_running_calls=h.num_running_calls,
+        num_latency_calls=h.num_latency_calls,
+        latency_cap=h.latency_cap,
+        num_cached_prefixes=len(manager.prefix_cache.entries(h.engine_id)),
+        num_blocks_free=h.stats.num_blocks_free,
+        num_blocks_total=h.stats.num_blocks_total,
+    )

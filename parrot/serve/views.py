@@ -1,0 +1,79 @@
+"""What the scheduling policy sees of each waiting call (scheduler.CallView), kept by the executor.
+
+A view is recomputed when its call is marked dirty (an input set or failed, a new deduced
+objective, an early fill). Its prefix points are computed then too, and noted in the prefix index
+(so prefixes that several known calls share are cached before either runs); its prefix hits are
+refreshed at every snapshot, since other calls create and evict cached prefixes all the time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from parrot.serve.analysis import failed_input, inputs_ready, num_ready_pieces
+from parrot.serve.call_runner import CallRunner
+from parrot.serve.config import ManagerConfig
+from parrot.serve.contexts import prompt_points
+from parrot.serve.engines import EnginePool
+from parrot.serve.graph import CallNode
+from parrot.serve.prefix import PrefixPoint
+from parrot.serve.prefix_cache import PrefixCache
+from parrot.serve.scheduler import CallKey, CallView
+from parrot.serve.session import Session
+
+
+class CallViews:
+    def __init__(self, pool: EnginePool, config: ManagerConfig, cache: PrefixCache | None) -> None:
+        self.pool = pool
+        self.config = config
+        self.cache = cache
+        self._views: dict[CallKey, CallView] = {}
+        self._points: dict[CallKey, tuple[PrefixPoint, ...]] = {}  # of the ready prefix
+        self._ready_since: dict[CallKey, float] = {}
+
+    def update(self, key: CallKey, session: Session, call: CallNode, runner: CallRunner | None) -> None:
+        variables = session.graph.variables
+        failed = failed_input(call, variables)
+        ready = inputs_ready(call, variables)
+        num_ready = num_ready_pieces(call, variables)
+        now = time.monotonic()
+        if ready:
+            self._ready_since.setdefault(key, now)
+        points: tuple[PrefixPoint, ...] = ()
+        if self.cache is not None and failed is None and num_ready > 0:
+            tokenizer = self.pool.for_model(call.model).tokenizer
+            _, points = prompt_points(call, variables, tokenizer, num_ready, self.config.prefix_block_tokens)
+            self.cache.note_call(key, points)
+        self._points[key] = points
+        self._views[key] = CallView(
+            key=key,
+            model=call.model,
+            order=call.order,
+            inputs_ready=ready,
+            failed_var_id=None if failed is None else failed.var_id,
+            num_ready_pieces=num_ready,
+            num_filled_pieces=call.num_fill_requested,
+            engine_id=call.engine_id,
+            objective=call.objective,
+            priority=call.priority,
+            task_group=None if call.task_group is None else f"{key[0]}/{call.task_group}",
+            pinned=runner is not None and runner.has_context,
+            ready_since=self._ready_since.get(key, now),
+        )
+
+    def drop(self, key: CallKey) -> None:
+        self._views.pop(key, None)
+        self._points.pop(key, None)
+        self._ready_since.pop(key, None)
+
+    def current(self) -> tuple[CallView, ...]:
+        """Every view, with its prefix hits as the index has them now."""
+        if self.cache is not None:
+            for key, points in self._points.items():
+                if points:
+                    hits = tuple(sorted(self.cache.hits(points).items()))
+                    view = self._views[key]
+                    if hits != view.prefix_hits:
+                        self._views[key] = dataclasses.replace(view, prefix_hits=hits)
+        return tuple(self._views.values())
