@@ -1,0 +1,166 @@
+"""The app-centric policy on hand-built snapshots: exact plans."""
+
+from __future__ import annotations
+
+from parrot.protocol.objective import Objective
+from parrot.serve.app_centric import AppCentricPolicy
+from parrot.serve.scheduler import CallView, EarlyFill, EngineView, Plan, Snapshot, make_policy
+
+LAT, TPUT = Objective.LATENCY, Objective.THROUGHPUT
+
+
+def ready(session: str, call_id: str, order: int, **kw: object) -> CallView:
+    fields: dict[str, object] = {
+        "key": (session, call_id),
+        "model": "m",
+        "order": order,
+        "inputs_ready": True,
+        "failed_var_id": None,
+        "num_ready_pieces": 2,
+        "num_filled_pieces": 0,
+        "engine_id": None,
+    }
+    fields.update(kw)
+    return CallView(**fields)  # type: ignore[arg-type]
+
+
+def engine(engine_id: str, running: int = 0, latency: int = 0, cap: int = 4, max_running: int = 16, **kw: object):
+    return EngineView(
+        engine_id,
+        kw.pop("model", "m"),  # type: ignore[arg-type]
+        running,
+        max_running,
+        kw.pop("early", 0),  # type: ignore[arg-type]
+        kw.pop("early_cap", 4),  # type: ignore[arg-type]
+        num_latency_calls=latency,
+        latency_cap=cap,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def plan(calls: list[CallView], engines: list[EngineView], **kw: object) -> Plan:
+    return AppCentricPolicy().plan(Snapshot(tuple(calls), tuple(engines), **kw))  # type: ignore[arg-type]
+
+
+def placed(p: Plan) -> dict[str, str]:
+    return {d.key[1]: d.engine_id for d in p.dispatch}
+
+
+def test_registered_by_name() -> None:
+    assert isinstance(make_policy("app_centric"), AppCentricPolicy)
+
+
+def test_calls_go_to_the_engine_holding_their_longest_prefix_while_capacity_allows() -> None:
+    engines = [engine(f"e{i}", cap=2) for i in range(4)]
+    calls = [
+        ready(f"app{a}", f"c{j}", order=10 * j + a, prefix_hits=((f"e{a}", 500), ("e0", 8) if a else ("e1", 8)))
+        for a in range(4)
+        for j in range(3)
+    ]
+    p = plan(calls, engines)
+    # Two latency calls per engine (the cap): each app's first two on its own engine; the third
+    # would spill to another engine, but none has room, so they wait.
+    got = sorted((d.key[0], d.key[1], d.engine_id) for d in p.dispatch)
+    assert got == sorted((f"app{a}", f"c{j}", f"e{a}") for a in range(4) for j in range(2))
+    assert sorted(p.blocked) == sorted((f"app{a}", "c2") for a in range(4))
+
+
+def test_latency_calls_never_exceed_the_cap_but_throughput_lifts_it() -> None:
+    engines = [engine("e0", running=3, latency=3, cap=4, max_running=6), engine("e1", running=5, cap=4, max_running=6)]
+    calls = [
+        ready("s", "l0", 0, objective=LAT),
+        ready("s", "l1", 1, objective=LAT),
+        ready("s", "t0", 2, objective=TPUT),
+        ready("s", "t1", 3, objective=TPUT),
+    ]
+    p = plan(calls, engines)
+    # e0 hosts latency work: one more call reaches its cap of 4. e1 runs throughput work only
+    # (5 of 6): a latency call there would exceed the cap, a throughput call fits.
+    assert placed(p) == {"l0": "e0", "t0": "e1"}
+    assert p.blocked == (("s", "l1"), ("s", "t1"))
+
+
+def test_a_call_that_fits_nowhere_reserves_the_engine_that_frees_first() -> None:
+    engines = [engine("e0", running=4, cap=2, max_running=8), engine("e1", running=6, cap=2, max_running=8)]
+    calls = [ready("s", "lat", 0, objective=LAT), ready("s", "bulk", 1, objective=TPUT)]
+    p = plan(calls, engines)
+    # `lat` waits for e0 to drain below its cap; `bulk` may not take e0's slots meanwhile.
+    assert placed(p) == {"bulk": "e1"}
+    assert p.blocked == (("s", "lat"),)
+
+
+def test_a_task_group_is_placed_together_when_it_fits() -> None:
+    engines = [engine("e0", running=1, cap=8), engine("e1", running=0, cap=8, max_running=3)]
+    group = [ready("s", f"m{i}", i, objective=TPUT, task_group="s/r") for i in range(4)]
+    p = plan(group, engines)
+    # All four fit on e0 only (e1 takes 3): together there, although e1 is less loaded.
+    assert placed(p) == {f"m{i}": "e0" for i in range(4)}
+    # When the group fits nowhere whole, a member goes alone (least loaded, then where its group
+    # runs) and the rest is tried together again: m2 and m3 fit on e0 together.
+    engines = [engine("e0", running=14, max_running=16), engine("e1", running=13, max_running=16)]
+    p = plan(group, engines)
+    assert placed(p) == {"m0": "e1", "m1": "e1", "m2": "e0", "m3": "e0"}
+
+
+def test_group_and_app_affinity_follow_running_work() -> None:
+    engines = [engine("e0", running=2), engine("e1", running=0), engine("e2", running=1)]
+    calls = [
+        ready("s", "late_map", 0, objective=TPUT, task_group="s/r"),
+        ready("s", "other", 1, objective=TPUT),
+        ready("t", "fresh", 2, objective=TPUT),
+    ]
+    p = plan(calls, engines, group_engines={"s/r": ("e2",)}, app_engines={"s": ("e0",)})
+    assert placed(p) == {"late_map": "e2", "other": "e0", "fresh": "e1"}
+
+
+def test_rank_latency_then_priority_then_cache_hot_then_order_and_aging_first() -> None:
+    engines = [engine("e0", max_running=1, cap=1)]
+    calls = [
+        ready("s", "old_cold", 0, objective=TPUT, ready_since=0.0),
+        ready("s", "hot", 1, objective=TPUT, prefix_hits=(("e0", 100),), ready_since=9.0),
+        ready("s", "urgent_group", 2, objective=TPUT, priority=1, ready_since=9.0),
+        ready("s", "lat", 3, objective=LAT, ready_since=9.0),
+    ]
+    ranked = []
+    remaining = list(calls)
+    while remaining:
+        p = plan(remaining, engines, now=10.0, aging_s=0.0)
+        (d,) = p.dispatch
+        ranked.append(d.key[1])
+        remaining = [c for c in remaining if c.key != d.key]
+    assert ranked == ["lat", "urgent_group", "hot", "old_cold"]
+    # With aging, the call waiting 10 s (>= aging_s) goes first, before latency work.
+    p = plan(calls, engines, now=10.0, aging_s=5.0)
+    assert placed(p) == {"old_cold": "e0"}
+
+
+def test_pinned_calls_run_where_their_context_is_and_dead_engines_get_nothing() -> None:
+    engines = [engine("e0", running=16), engine("e1", alive=False), engine("e2")]
+    calls = [
+        ready("s", "pinned", 0, engine_id="e0", pinned=True),
+        ready("s", "preferred", 1, engine_id="e1"),
+        ready("s", "other_model", 2, model="x"),
+    ]
+    p = plan(calls, engines)
+    assert placed(p) == {"preferred": "e2"}
+    assert p.blocked == (("s", "pinned"), ("s", "other_model"))
+
+
+def test_early_fills_go_where_the_call_will_run() -> None:
+    engines = [engine("e0", early=0), engine("e1", early=2), engine("e2", early=4)]
+    waiting = [
+        ready("s", "hot", 0, inputs_ready=False, num_ready_pieces=2, prefix_hits=(("e1", 64),)),
+        ready("s", "done", 1, inputs_ready=False, num_ready_pieces=2, num_filled_pieces=2),
+        ready("s", "placed", 2, inputs_ready=False, num_ready_pieces=3, num_filled_pieces=2, engine_id="e2"),
+        ready("t", "cold", 3, inputs_ready=False, num_ready_pieces=1),
+        ready("s", "full", 4, inputs_ready=False, num_ready_pieces=1, prefix_hits=(("e2", 64),)),
+    ]
+    p = plan(waiting, engines)
+    assert p.early_fill == (
+        EarlyFill(("s", "hot"), "e1", 2),
+        EarlyFill(("s", "placed"), "e2", 3),
+        EarlyFill(("t", "cold"), "e0", 1),
+        EarlyFill(("s", "full"), "e1", 1),  # e2 has no early room; e1 hosts the app already
+    )
+    assert p.dispatch == ()
+    assert plan(waiting, engines, early_fill=False).early_fill == ()
