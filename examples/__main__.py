@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.data import SOTU, source_dir  # noqa: E402
-from examples.demo import run_demo  # noqa: E402
-from scripts.fetch_data import fetch  # noqa: E402
+from benchmarks.data import SOTU, source_dir
+from examples.demo import run_demo
+from scripts.fetch_data import fetch
 
 
 def load_document(words: int) -> tuple[str, str]:
