@@ -8,13 +8,14 @@
 
 Methods raise ParrotError for bad requests before anything changes. `generate` yields TokenEvents;
 the last one has `finish_reason`; an error before the first token raises ParrotError, one after it
-ends the stream with finish_reason "error". A caller that stops iterating early leaves the generation
-running to its end (its tokens stay in the context); events are then discarded.
+ends the stream with finish_reason "error". Closing the iterator early (or cancelling its task)
+aborts the generation; the tokens produced so far stay in the context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -59,7 +60,9 @@ class AsyncEngine:
         queue: asyncio.Queue[JobEvent] = asyncio.Queue()
 
         def sink(event: JobEvent) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
+            # A closed caller loop raises RuntimeError: nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
 
         return queue, sink
 
@@ -74,20 +77,26 @@ class AsyncEngine:
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         queue, sink = self._channel()
-        self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
-        started = False
-        while True:
-            event = await queue.get()
-            if isinstance(event, ParrotError):
-                if not started:
-                    raise event  # nothing was produced: the caller sees the error with its status
-                yield TokenEvent(token_id=None, finish_reason="error", error=event.message)
-                return
-            started = True
-            assert isinstance(event, TokenEvent)
-            yield event
-            if event.finish_reason is not None:
-                return
+        job_id = self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
+        started = finished = False
+        try:
+            while True:
+                event = await queue.get()
+                if isinstance(event, ParrotError):
+                    finished = True
+                    if not started:
+                        raise event  # nothing was produced: the caller sees the error with its status
+                    yield TokenEvent(token_id=None, finish_reason="error", error=event.message)
+                    return
+                started = True
+                assert isinstance(event, TokenEvent)
+                finished = event.finish_reason is not None
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:  # the reader went away (closed, cancelled): stop spending compute on it
+                self.engine.abort(job_id)
 
     async def free_context(self, req: FreeContextRequest) -> None:
         self.engine.free_context(req)

@@ -76,7 +76,10 @@ class LLMEngine:
         self._stopping = False
         self._num_steps = self._num_prefill_tokens = self._num_decode_tokens = 0
         self._tpot_ms = 0.0
-        self._step_ms: dict[int, float] = {}  # capacity profile: bucket -> EMA of step time
+        self._step_ms: dict[int, float] = {}
+        self._aborted: set[int] = (
+            set()
+        )  # job ids to end before the next step  # capacity profile: bucket -> EMA of step time
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,7 +134,8 @@ class LLMEngine:
                 req,
             )
 
-    def submit_generate(self, req: GenerateRequest, sink: Sink) -> None:
+    def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
+        """Queue a generation; returns its job id (for `abort`)."""
         with self._cv:
             self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
             self._register(req.context_id, req.parent_context_id)
@@ -148,6 +152,14 @@ class LLMEngine:
             )
             begin_generation(job, self.tokenizer)
             self._enqueue(job, req)
+            return job.job_id
+
+    def abort(self, job_id: int) -> None:
+        """Stop a generation whose reader went away: it ends at the next step with finish_reason
+        "aborted" (tokens generated so far stay in the context). Unknown or finished ids: no-op."""
+        with self._cv:
+            self._aborted.add(job_id)
+            self._cv.notify_all()
 
     def free_context(self, req: FreeContextRequest) -> None:
         with self._cv:
@@ -250,6 +262,8 @@ class LLMEngine:
         while True:
             if self._stopping:
                 return None
+            if self._aborted:
+                self._end_aborted()
             if self.scheduler.has_work():
                 plan = self.scheduler.schedule()
                 for job, error in plan.failed:
@@ -301,6 +315,17 @@ class LLMEngine:
             self._num_decode_tokens += num_decode
             ms = elapsed * 1000.0
             self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
+
+    def _end_aborted(self) -> None:
+        for job in [*self.scheduler.running, *self.scheduler.waiting]:
+            if job.job_id in self._aborted:
+                if job.fork_from is not None:  # never started: drop its fork placeholder too
+                    self.scheduler.finish(job)
+                    self._drop_new_context(job)
+                else:
+                    self.scheduler.finish(job)
+                job.emit(TokenEvent(token_id=None, finish_reason="aborted"))
+        self._aborted.clear()
 
     def _abort(self, job: Job, error: ParrotError) -> None:
         if not job.finished:

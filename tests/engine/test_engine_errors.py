@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,3 +121,52 @@ def test_http_api_and_malformed_bodies(server: str) -> None:
         assert stats["num_contexts"] >= 2 and stats["num_blocks_free"] < stats["num_blocks_total"]
         assert c.post("/v1/engine/free_context", json={"context_id": "h2"}).status_code == 200
         assert c.get("/health").json() == {"status": "ok"}
+
+
+def test_abort_ends_a_generation_and_frees_its_context(engine: LLMEngine) -> None:
+    import asyncio
+
+    blocking.fill(engine, FillRequest(context_id="ab", token_ids=[11] * 10))
+    free_before = engine.stats().num_blocks_free
+    job_id = engine.submit_generate(
+        GenerateRequest(
+            context_id="ab2", parent_context_id="ab", sampling=SamplingParams(max_tokens=2000, ignore_eos=True)
+        ),
+        (h := blocking.Handle()).sink,
+    )
+    first = h.events.get(timeout=60)
+    engine.abort(job_id)
+    events = [first]
+    while events[-1].finish_reason is None:  # type: ignore[union-attr]
+        events.append(h.events.get(timeout=60))
+    assert events[-1].finish_reason == "aborted"  # type: ignore[union-attr]
+    assert len(events) < 200
+    engine.free_context(FreeContextRequest(context_id="ab2"))  # no longer busy
+    assert engine.stats().num_blocks_free == free_before
+
+    async def read_two() -> int:
+        agen = AsyncEngine(engine=engine).generate(
+            GenerateRequest(
+                context_id="ab3", parent_context_id="ab", sampling=SamplingParams(max_tokens=2000, ignore_eos=True)
+            )
+        )
+        n = 0
+        async for _ in agen:
+            n += 1
+            if n == 2:
+                break
+        await agen.aclose()  # the reader leaves: the engine aborts the generation
+        return n
+
+    assert asyncio.run(read_two()) == 2
+    deadline = time.monotonic() + 30  # the abort lands at the next step; then the free succeeds
+    while True:
+        try:
+            engine.free_context(FreeContextRequest(context_id="ab3"))
+            break
+        except ParrotError as err:  # noqa: PT017 (polled, not expected)
+            assert err.status == 409
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert engine.stats().num_blocks_free == free_before
+    assert engine.stats().num_decode_tokens < 1000  # neither generation ran to max_tokens

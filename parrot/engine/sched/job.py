@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,7 +50,10 @@ class Job:
     finished: bool = False
 
     def emit(self, event: JobEvent) -> None:
-        self.sink(event)
+        try:
+            self.sink(event)
+        except Exception:  # a broken listener must never take the engine loop down
+            logging.getLogger(__name__).exception("job %d: event sink failed", self.job_id)
 
 
 @dataclass(frozen=True)
