@@ -164,7 +164,8 @@ class CallRunner:
         try:
             async for event in events:
                 if event.token_id is not None:
-                    generated.append(event.token_id)
+                    if event.finish_reason != "eos":  # the engine keeps EOS out of the context
+                        generated.append(event.token_id)
                     self.call.num_generated_tokens += 1
                 if event.text:
                     var.append(event.text)
@@ -194,7 +195,7 @@ class CallRunner:
         # The engine holds text back while a stop string may be forming; a run cut off then
         # streamed less than its tokens say.
         streamed = "".join(var.chunks)
-        text = self.engine.tokenizer.decode(generated)
+        text = self.engine.tokenizer.decode(generated).rstrip("\ufffd")  # an unfinished character waits
         if text.startswith(streamed) and len(text) > len(streamed):
             var.append(text[len(streamed) :])
 

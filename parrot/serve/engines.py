@@ -32,6 +32,7 @@ class EngineHandle:
     num_early_filled_calls: int = 0  # waiting calls whose prefix sits in this engine's KV
     max_running_calls: int | None = None  # given at registration; else the manager's limit
     alive: bool = True  # False once the health monitor declared it dead (never revived)
+    suspected: bool = False  # a call could not reach it: no new work until it answers a heartbeat
     last_heartbeat: float = field(default_factory=time.monotonic)
     latency_cap: int = 1 << 30  # calibrated by the health monitor (capacity.py)
     url: str | None = None

@@ -198,7 +198,7 @@ class GraphExecutor:
                 h.max_running_calls or self.config.max_running_calls_per_engine,
                 h.num_early_filled_calls,
                 self.config.max_early_filled_calls_per_engine,
-                alive=h.alive,
+                alive=h.alive and not h.suspected,
                 num_latency_calls=h.num_latency_calls,
                 latency_cap=h.latency_cap,
             )
@@ -256,6 +256,7 @@ class GraphExecutor:
             engine.num_latency_calls += is_latency
             self._counted[dispatch.key] = (engine, is_latency, runner)
             call.state = CallState.RUNNING
+            call.engine_id = dispatch.engine_id
             call.dispatched_at = time.monotonic()
             task = self._chain(dispatch.key, functools.partial(self._run, session, runner, engine))
             task.add_done_callback(functools.partial(self._uncount_when_done, dispatch.key, runner))

@@ -6,7 +6,8 @@ its latency cap calibrated from its step profile (capacity.py), and its memory (
 prefixes are evicted when free KV blocks run low, contexts.py). An engine silent for
 `engine_dead_after_s` is declared dead: it is never scheduled again, and `on_dead` drops its cached
 prefixes and re-dispatches its calls. A call that finds its engine unreachable asks for a probe at
-once (`suspect`); an engine that then refuses the connection is dead without waiting the interval.
+once (`suspect`): the engine gets no new work until it answers, and one that refuses the
+connection is dead without waiting the interval.
 
 The manager pulls heartbeats (engines need not know the manager's address); an engine registers by
 URL through the manager's API or is given at startup.
@@ -74,6 +75,7 @@ class HealthMonitor:
         handle = self.pool.handles.get(engine_id)
         if handle is None or not handle.alive or engine_id in self._probes:
             return
+        handle.suspected = True
         task = asyncio.get_running_loop().create_task(self.probe(handle, suspected=True))
         self._probes[engine_id] = task
         task.add_done_callback(lambda _: self._probes.pop(engine_id, None))
@@ -93,6 +95,7 @@ class HealthMonitor:
             return False
         handle.stats = stats
         handle.last_heartbeat = time.monotonic()
+        handle.suspected = False
         self.calibrate(handle)
         try:
             self.on_stats(handle)
