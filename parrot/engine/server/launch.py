@@ -9,13 +9,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI
 
 
 class ServerThread:
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, lifespan: str = "on") -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "on") -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
