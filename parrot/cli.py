@@ -51,7 +51,14 @@ def cmd_serve(a: argparse.Namespace) -> None:
     from parrot.serve.config import ManagerConfig
 
     configs = [] if a.no_builtin else [_engine_config(a)]
-    emb = start_embedded(configs, a.engine_url, ManagerConfig(api_keys=tuple(a.api_key)), a.host, a.port)
+    manager_config = ManagerConfig(
+        api_keys=tuple(a.api_key),
+        policy=a.policy,
+        prefix_sharing=not a.no_prefix_sharing,
+        objective_deduction=not a.no_objective_deduction,
+        tpot_target_ms=a.tpot_target_ms,
+    )
+    emb = start_embedded(configs, a.engine_url, manager_config, a.host, a.port)
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs)", flush=True)
     _wait_forever(emb.stop)
 
@@ -121,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine-url", action="append", default=[], help="also use an engine started elsewhere")
     p.add_argument("--no-builtin", action="store_true", help="no builtin engine: only --engine-url engines")
     p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    p.add_argument("--policy", default="app_centric", choices=["app_centric", "fifo"], help="scheduling policy")
+    p.add_argument("--no-prefix-sharing", action="store_true", help="never fork calls from cached prefixes")
+    p.add_argument("--no-objective-deduction", action="store_true", help="every call gets the default objective")
+    p.add_argument("--tpot-target-ms", type=float, default=50.0, help="latency-critical time per output token")
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("engine", help="builtin engine alone, serving the engine API")
     _engine_args(p)
