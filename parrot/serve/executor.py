@@ -32,8 +32,8 @@ from parrot.serve.contexts import PrefixContexts
 from parrot.serve.engine_client import EngineUnavailable
 from parrot.serve.engines import EngineHandle, EnginePool
 from parrot.serve.graph import CallNode, CallState
-from parrot.serve.objectives import deduce_session
-from parrot.serve.scheduler import CallKey, CallView, EngineView, Plan, Snapshot, make_policy
+from parrot.serve.objectives import apply_deductions
+from parrot.serve.scheduler import CallKey, CallView, Plan, Snapshot, make_policy
 from parrot.serve.session import Session
 from parrot.serve.variable import Variable
 from parrot.serve.views import CallViews
@@ -178,48 +178,15 @@ class GraphExecutor:
         return plan
 
     def _deduce_objectives(self, session: Session) -> None:
-        default = self.config.default_objective
-        deduced = deduce_session(session.graph, default) if self.config.objective_deduction else {}
-        for call in session.graph.calls.values():
-            d = deduced.get(call.call_id)
-            new = (d.objective, d.urgency, d.task_group, d.priority) if d else (default, None, None, 0)
-            if new != (call.objective, call.urgency, call.task_group, call.priority):
-                call.objective, call.urgency, call.task_group, call.priority = new
-                key = (session.session_id, call.call_id)
-                if key in self._waiting:
-                    self._dirty.add(key)
+        deduce = self.config.objective_deduction
+        for call_id in apply_deductions(session.graph, self.config.default_objective, deduce):
+            key = (session.session_id, call_id)
+            if key in self._waiting:
+                self._dirty.add(key)
 
     def snapshot(self) -> Snapshot:
-        engines = tuple(
-            EngineView(
-                h.engine_id,
-                h.model,
-                h.num_running_calls,
-                h.max_running_calls or self.config.max_running_calls_per_engine,
-                h.num_early_filled_calls,
-                self.config.max_early_filled_calls_per_engine,
-                alive=h.alive and not h.suspected,
-                num_latency_calls=h.num_latency_calls,
-                latency_cap=h.latency_cap,
-            )
-            for h in self.pool.handles.values()
-        )
-        groups: dict[str, set[str]] = {}
-        apps: dict[str, set[str]] = {}
-        for key, (handle, _, runner) in self._counted.items():
-            call = runner.call
-            if call.task_group is not None:
-                groups.setdefault(f"{key[0]}/{call.task_group}", set()).add(handle.engine_id)
-            apps.setdefault(key[0], set()).add(handle.engine_id)
-        return Snapshot(
-            self._views.current(),
-            engines,
-            self.config.early_fill,
-            now=time.monotonic(),
-            aging_s=self.config.aging_s,
-            group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
-            app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
-        )
+        running = [(key, handle.engine_id, runner.call) for key, (handle, _, runner) in self._counted.items()]
+        return self._views.snapshot(running)
 
     # --- applying a plan --------------------------------------------------------------------------
 

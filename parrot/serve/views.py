@@ -1,4 +1,5 @@
-"""What the scheduling policy sees of each waiting call (scheduler.CallView), kept by the executor.
+"""What the scheduling policy sees: each waiting call's view (scheduler.CallView), kept by the
+executor, and the snapshot built from them and the engines.
 
 A view is recomputed when its call is marked dirty (an input set or failed, a new deduced
 objective, an early fill). Its prefix points are computed then too, and noted in the prefix index
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 
 from parrot.serve.analysis import failed_input, inputs_ready, num_ready_pieces
 from parrot.serve.call_runner import CallRunner
@@ -19,7 +21,7 @@ from parrot.serve.engines import EnginePool
 from parrot.serve.graph import CallNode
 from parrot.serve.prefix import PrefixPoint
 from parrot.serve.prefix_cache import PrefixCache
-from parrot.serve.scheduler import CallKey, CallView
+from parrot.serve.scheduler import CallKey, CallView, EngineView, Snapshot
 from parrot.serve.session import Session
 
 
@@ -66,6 +68,39 @@ class CallViews:
         self._views.pop(key, None)
         self._points.pop(key, None)
         self._ready_since.pop(key, None)
+
+    def snapshot(self, running: Iterable[tuple[CallKey, str, CallNode]]) -> Snapshot:
+        """The policy's input: every waiting call's view, every engine's, and where the running
+        calls (key, engine_id, call) of each task group and application are."""
+        engines = tuple(
+            EngineView(
+                h.engine_id,
+                h.model,
+                h.num_running_calls,
+                h.max_running_calls or self.config.max_running_calls_per_engine,
+                h.num_early_filled_calls,
+                self.config.max_early_filled_calls_per_engine,
+                alive=h.alive and not h.suspected,
+                num_latency_calls=h.num_latency_calls,
+                latency_cap=h.latency_cap,
+            )
+            for h in self.pool.handles.values()
+        )
+        groups: dict[str, set[str]] = {}
+        apps: dict[str, set[str]] = {}
+        for key, engine_id, call in running:
+            if call.task_group is not None:
+                groups.setdefault(f"{key[0]}/{call.task_group}", set()).add(engine_id)
+            apps.setdefault(key[0], set()).add(engine_id)
+        return Snapshot(
+            self.current(),
+            engines,
+            self.config.early_fill,
+            now=time.monotonic(),
+            aging_s=self.config.aging_s,
+            group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
+            app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
+        )
 
     def current(self) -> tuple[CallView, ...]:
         """Every view, with its prefix hits as the index has them now."""
