@@ -91,10 +91,9 @@ async def chat_completions(
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     # Prefix points at message boundaries (the system prompt, the conversation so far).
-    counts = range(1, len(messages) + 1)
-    if len(messages) > _MAX_MESSAGE_POINTS:
-        counts = range(len(messages) - _MAX_MESSAGE_POINTS + 2, len(messages) + 1)
-        counts = [1, *counts]  # type: ignore[assignment]
+    counts = list(range(1, len(messages) + 1))
+    if len(counts) > _MAX_MESSAGE_POINTS:
+        counts = [1, *counts[-(_MAX_MESSAGE_POINTS - 1) :]]
     prefixes = [tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False) for k in counts]
     max_tokens = req.max_completion_tokens or req.max_tokens
     run = _OneCall(
