@@ -79,6 +79,9 @@ class OpenAIClient:
 
         self.name = name
         self.model = model
+        # Token counts the endpoint reported, summed over every request (a profile for peers whose
+        # engine we cannot read): prompt tokens, those served from its prefix cache, and generated.
+        self.usage = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
         self._client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=1800.0)
 
     async def complete(self, prompt: str, max_tokens: int) -> Completion:
@@ -90,6 +93,11 @@ class OpenAIClient:
             extra_body={"ignore_eos": True},
         )
         usage = response.usage
+        if usage is not None:
+            details = usage.prompt_tokens_details
+            self.usage["prompt_tokens"] += usage.prompt_tokens
+            self.usage["cached_tokens"] += (details.cached_tokens or 0) if details is not None else 0
+            self.usage["completion_tokens"] += usage.completion_tokens
         completion = Completion(response.choices[0].text, None if usage is None else usage.completion_tokens)
         return check_completion(completion, max_tokens, self.name)
 

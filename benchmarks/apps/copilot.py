@@ -38,7 +38,8 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         "tokens, up to 64 requests)"
     )
     key = f"{NAME}/n{params.num_requests}"
-    return [Scenario(NAME, key, "copilot shared prompt", params, (MEAN, BATCH), "copilot_shared_prompt", run, scaling)]
+    label, paper_key = "copilot shared prompt", "copilot_shared_prompt"
+    return [Scenario(NAME, key, label, params, (MEAN, BATCH), paper_key, run, scaling, (), ("prefix", "attention"))]
 
 
 def template(params: Params, corpus: Corpus) -> str:

@@ -67,6 +67,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
             run,
             scaling,
             (("gpts", "request rate (req/s)", rate),),
+            ("prefix", "policy") if rate == max(scale.gpts_rates) else (),
         )
         for rate in scale.gpts_rates
     ]

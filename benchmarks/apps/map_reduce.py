@@ -42,7 +42,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
     shape = paper["map_reduce_summary"]
     ct0, out0 = scale.chunk_tokens[0], scale.output_tokens[0]
 
-    def scenario(key: str, label: str, params: Params, plots: tuple, ablations: bool = False) -> Scenario:
+    def scenario(key: str, label: str, params: Params, plots: tuple, ablations: tuple[str, ...] = ()) -> Scenario:
         scaling = (
             f"{params.num_chunks} maps over chunks of {params.chunk_tokens} tokens (paper: {shape['chunk_tokens']}, "
             f"documents of 20k+ tokens), {params.output_tokens} output tokens (paper: {shape['output_tokens']})"
@@ -54,7 +54,11 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         plots.append(("map_reduce_output", "output tokens", float(out0)))
     if len(scale.chunk_tokens) > 1:
         plots.append(("map_reduce_chunk", "chunk tokens", float(ct0)))
-    out = [scenario("default", "map-reduce summary", Params(ct0, out0, scale.num_map_chunks), tuple(plots), True)]
+    out = [
+        scenario(
+            "default", "map-reduce summary", Params(ct0, out0, scale.num_map_chunks), tuple(plots), ("dag", "objective")
+        )
+    ]
     for out_len in scale.output_tokens[1:]:
         params = Params(ct0, out_len, scale.num_map_chunks)
         plot = (("map_reduce_output", "output tokens", float(out_len)),)

@@ -60,7 +60,19 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         f"map-reduce apps of {mr.num_chunks} x {mr.chunk_tokens} tokens starting at {list(params.app_starts_s)} s "
         f"(paper: {shape['map_reduce']['apps']} apps of 1024-token chunks from 15 s)"
     )
-    scenario = Scenario(NAME, f"{NAME}/default", "chat + map-reduce", params, (CHAT, MAP_REDUCE), "mixed", run, scaling)
+    metrics = (CHAT, MAP_REDUCE)
+    scenario = Scenario(
+        NAME,
+        f"{NAME}/default",
+        "chat + map-reduce",
+        params,
+        metrics,
+        "mixed",
+        run,
+        scaling,
+        (),
+        ("objective", "policy"),
+    )
     return [scenario]
 
 

@@ -90,7 +90,16 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         plots = (("multi_agent", "number of files", float(n)),) if len(scale.agent_files) > 1 else ()
         out.append(
             Scenario(
-                NAME, f"{NAME}/files{n}", f"multi-agent, {n} files", params, (JCT,), NAME, run, scaling, plots, True
+                NAME,
+                f"{NAME}/files{n}",
+                f"multi-agent, {n} files",
+                params,
+                (JCT,),
+                NAME,
+                run,
+                scaling,
+                plots,
+                ("prefix", "attention", "early_fill", "dag"),
             )
         )
     return out
