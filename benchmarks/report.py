@@ -194,7 +194,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Application benchmarks ({results['mode']} mode)",
         "",
-        f"Model {results['model']} ({results['dtype']}) on {machine['cpu']}, {machine['num_cpus']} CPUs, torch "
+        f"Commit {machine.get('commit') or 'unknown'}. Model {results['model']} ({results['dtype']}) on "
+        f"{machine['cpu']}, {machine['num_cpus']} CPUs, torch "
         f"{machine['torch']} with {machine['torch_threads']} threads. Load average (1/5/15 min) "
         f"{' / '.join(f'{x:.2f}' for x in load0)} at the start, {' / '.join(f'{x:.2f}' for x in load1)} at the end "
         f"(the machine is shared). Wall time {results['wall_s'] / 60:.1f} min. Each figure is the best of its "

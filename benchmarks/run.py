@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -186,7 +187,13 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
+    commit = os.environ.get("PARROT_COMMIT")
+    if commit is None:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            git = ["git", "describe", "--always", "--dirty"]
+            commit = subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
     return {
+        "commit": commit,
         "cpu": cpu,
         "num_cpus": os.cpu_count(),
         "torch": torch.__version__,
