@@ -33,6 +33,9 @@ class _SamplingFields(_Req):
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0)
     user: str | None = Field(default=None, max_length=256)
+    # Extensions that vLLM also accepts (OpenAI clients send them with `extra_body`).
+    ignore_eos: bool = False
+    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
     # Accepted only at their neutral values; anything else is a 400 (not supported).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

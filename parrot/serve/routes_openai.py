@@ -153,6 +153,8 @@ class _OneCall:
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
             stop=stop,
+            top_k=req.top_k or 0,
+            ignore_eos=req.ignore_eos,
         )
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         created = manager.create_session(api_key)

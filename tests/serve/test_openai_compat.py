@@ -113,3 +113,17 @@ def test_a_client_leaving_mid_stream_frees_the_context(server: LiveServer) -> No
     deadline_blocks = server.wait_blocks_free(blocks_free, timeout_s=60)
     assert deadline_blocks.num_blocks_free == blocks_free
     assert server.manager.sessions.sessions == {}
+
+
+def test_vllm_style_extensions_ignore_eos_and_top_k(server: LiveServer, client: openai.OpenAI) -> None:
+    tok = Tokenizer(server.engine.model_folder)
+    prompt = "Once upon a time"
+    expected = server.direct_generate(tok.encode(prompt), SamplingParams(max_tokens=24, ignore_eos=True))
+    got = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True, "top_k": 1}
+    )
+    assert got.choices[0].text == expected
+    assert got.usage is not None
+    assert got.usage.completion_tokens == 24
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=4, extra_body={"top_k": -1})
