@@ -229,9 +229,9 @@ def markdown(result: dict) -> str:
         f"{result['weight_mb']:.0f} MB; KV {result['kv_kb_per_token']:.1f} KB/token (all layers). Suffixes "
         f"100-1,000 tokens (seeded). Times per decode step (all layers), fastest of {result['rounds']} rounds.",
         "",
-        "Gain = per-context time / shared time, against the first per-context path and (in brackets) today's engine path, the "
-        "tuned one. GB/s: the KV bytes each path must read (attention), or the KV plus the weights (step), over "
-        "its time.",
+        "Gain = per-context time / shared time, against the first per-context path and (in brackets) "
+        "today's engine path, the tuned one. GB/s: the KV bytes each path must read (attention), "
+        "or the KV plus the weights (step), over its time.",
         "",
         "| contexts | prefix | mean suffix | attention ms per-ctx / tuned / shared | attention gain (tuned) | "
         "step ms per-ctx / tuned / shared | step gain (tuned) | KV MB read per-ctx / shared | attention GB/s "
