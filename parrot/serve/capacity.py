@@ -15,9 +15,13 @@ import math
 from collections.abc import Mapping
 
 
-def calibrate_latency_cap(profile: Mapping[int, float], tpot_target_ms: float, fallback: int, max_cap: int) -> int:
+def calibrate_latency_cap(
+    profile: Mapping[int, float], tpot_target_ms: float, fallback: int, max_cap: int, floor_slack: float = 0.0
+) -> int:
     """The most batched tokens per step whose step time stays at or under `tpot_target_ms`.
 
+    With `floor_slack`, the target is at least that multiple of the engine's one- or two-token step
+    time (a target the hardware cannot meet would otherwise cap latency work at one call).
     Linear between measured buckets; past the largest measured bucket, extrapolated along the last
     segment's slope (or proportionally, with one bucket). `fallback` before anything is measured.
     Always in [1, max_cap].
@@ -25,6 +29,8 @@ def calibrate_latency_cap(profile: Mapping[int, float], tpot_target_ms: float, f
     points = sorted((int(k), float(v)) for k, v in profile.items() if v > 0)
     if not points:
         return max(1, min(fallback, max_cap))
+    if points[0][0] <= 2:  # a decode-sized step: the hardware's floor
+        tpot_target_ms = max(tpot_target_ms, floor_slack * points[0][1])
     if points[0][1] > tpot_target_ms:
         return 1
     estimate: float = points[0][0]

@@ -46,8 +46,12 @@ class ManagerConfig:
     # App-centric policy ("app_centric"): a latency-critical engine runs at most as many calls as
     # batched tokens keep its time per output token under `tpot_target_ms`, calibrated from the
     # engine's step profile (`latency_cap_calls` fixes it instead; `initial_latency_cap_calls`
-    # until a profile exists). Ready calls waiting `aging_s` go first.
+    # until a profile exists). Ready calls waiting `aging_s` go first. A target below what the
+    # hardware can do would serialize latency work, so the effective target is at least
+    # `tpot_floor_slack` times the engine's own one-token step time (on a 2-core CPU a one-token
+    # step of the 135M model takes ~80 ms, above the 50 ms a GPU deployment would aim at).
     tpot_target_ms: float = 50.0
+    tpot_floor_slack: float = 2.0
     latency_cap_calls: int | None = None
     initial_latency_cap_calls: int = 16
     aging_s: float = 2.0
@@ -73,6 +77,7 @@ class ManagerConfig:
             "min_prefix_tokens",
             "prefix_block_tokens",
             "tpot_target_ms",
+            "tpot_floor_slack",
             "initial_latency_cap_calls",
             "heartbeat_interval_s",
             "heartbeat_timeout_s",

@@ -63,6 +63,7 @@ class HealthMonitor:
             self.config.tpot_target_ms,
             fallback=self.config.initial_latency_cap_calls,
             max_cap=max_cap,
+            floor_slack=self.config.tpot_floor_slack,
         )
 
     async def _loop(self) -> None:

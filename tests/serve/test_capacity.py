@@ -27,3 +27,13 @@ def test_latency_work_caps_an_engine_and_throughput_lifts_the_cap() -> None:
     assert call_capacity(num_latency_calls=0, latency_cap=8, max_running_calls=64, is_latency=True) == 8
     assert call_capacity(num_latency_calls=3, latency_cap=8, max_running_calls=64, is_latency=False) == 8
     assert call_capacity(num_latency_calls=3, latency_cap=128, max_running_calls=64, is_latency=True) == 64
+
+
+def test_a_target_below_the_hardware_floor_is_lifted_by_the_slack() -> None:
+    # A CPU engine: a one-token step takes 80 ms, more than the 50 ms target.
+    profile = {1: 80.0, 8: 100.0, 32: 160.0, 64: 240.0}
+    assert calibrate_latency_cap(profile, tpot_target_ms=50.0, fallback=4, max_cap=64) == 1
+    # Target lifted to 2 x 80 = 160 ms: up to the 32-token bucket.
+    assert calibrate_latency_cap(profile, tpot_target_ms=50.0, fallback=4, max_cap=64, floor_slack=2.0) == 32
+    # Only decode-sized buckets define the floor: a profile of prefill steps leaves the target alone.
+    assert calibrate_latency_cap({512: 900.0}, tpot_target_ms=50.0, fallback=4, max_cap=64, floor_slack=2.0) == 1
