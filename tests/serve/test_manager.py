@@ -138,7 +138,7 @@ def test_errors_propagate_to_every_dependent_variable(default_model_folder: Path
         )
         assert (await manager.get_variable(session, "c3~d")).value == " FINE"
         status = manager.status(session)
-        assert (status.num_calls_done, status.num_calls_failed) == (1, 3)
+        assert [status.num_calls_done, status.num_calls_failed] == [1, 3]
         await manager.drain()
         assert engine.contexts == {}
 
@@ -156,13 +156,13 @@ def test_set_get_errors_and_timeouts(default_model_folder: Path) -> None:
         )
         with pytest.raises(ParrotError) as info:
             await manager.get_variable(session, "c0~o", timeout_s=0.05)
-        assert (info.value.status, info.value.field) == (408, "timeout_s")
+        assert [info.value.status, info.value.field] == [408, "timeout_s"]
         with pytest.raises(ParrotError) as info:
             manager.set_variable(session, "c0~o", "mine")
         assert info.value.status == 409
         with pytest.raises(ParrotError) as info:
             manager.set_variable(session, "nope", "v")
-        assert (info.value.status, info.value.field) == (404, "var_id")
+        assert [info.value.status, info.value.field] == [404, "var_id"]
         manager.set_variable(session, "in", "word")
         with pytest.raises(ParrotError) as info:
             manager.set_variable(session, "in", "again")
