@@ -92,7 +92,7 @@ def test_quick_scenarios_are_scaled_down_and_keep_the_paper_shapes() -> None:
     ]
     by_key = {s.key: s for s in scenarios}
     chain = by_key["chain_summary/alone"].params
-    assert (chain.chunk_tokens, chain.output_tokens, chain.num_chunks, chain.num_apps) == (256, 25, 4, 1)
+    assert [chain.chunk_tokens, chain.output_tokens, chain.num_chunks, chain.num_apps] == [256, 25, 4, 1]
     gpts = by_key["gpts/rate2"].params
     assert [(a.prompt_tokens, a.query_tokens, a.output_tokens) for a in gpts.apps] == [
         (930, 7, 32),
@@ -295,5 +295,5 @@ def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: Loca
         # 3 maps + 1 reduce, each exactly 5 tokens (EOS ignored), counted by the engine itself.
         assert record["expected_output_tokens"] == record["generated_tokens"] == 20
         assert record["metrics"]["jct_s"] > 0.02  # at least one simulated round trip
-    assert (parrot["round_trips"], no_dag["round_trips"], baseline["round_trips"]) == (1, 2, 4)
+    assert [parrot["round_trips"], no_dag["round_trips"], baseline["round_trips"]] == [1, 2, 4]
     assert tiny_server.wait_idle().num_running == 0

@@ -37,7 +37,7 @@ def test_docstring_template_params_and_sampling() -> None:
     assert (
         joke.template == "Tell a joke about {{input:topic}}.\nJoke:{{output:joke}}\nExplanation:{{output:explanation}}"
     )
-    assert (joke.inputs, joke.outputs) == (["topic"], ["joke", "explanation"])
+    assert [joke.inputs, joke.outputs] == [["topic"], ["joke", "explanation"]]
     assert joke.sampling == {"joke": SamplingParams(max_tokens=20, stop=["\n"])}
     assert joke.default_sampling == SamplingParams(max_tokens=7)
 
@@ -46,7 +46,7 @@ def test_call_queues_output_variables_then_the_call() -> None:
     core = QueueOnlyCore()
     topic = core.new_variable("topic")
     j, e = joke.invoke(core, topic)
-    assert (j.var_id, j.name, e.var_id, e.name) == ("v1", "joke", "v2", "explanation")
+    assert [j.var_id, j.name, e.var_id, e.name] == ["v1", "joke", "v2", "explanation"]
     ops = [op for op, _ in core._queue]
     assert ops[:3] == [
         VariableSpec(var_id="v0", name="topic"),

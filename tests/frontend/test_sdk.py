@@ -76,7 +76,7 @@ def test_multi_output_shared_variables_inline_values_and_natives(server: LiveSer
             tok.encode("React to ") + tok.encode("an inline value") + tok.encode(":"), TINY
         )
         status = s.status()
-        assert (status.num_calls, status.num_calls_done, status.num_calls_failed) == (5, 5, 0)
+        assert [status.num_calls, status.num_calls_done, status.num_calls_failed] == [5, 5, 0]
         names = {v.var_id: v.name for v in s.list_variables().variables}
         assert names[joke.var_id] == "joke" and names[loud.var_id] == "shout"
 
@@ -133,7 +133,7 @@ def test_a_thousand_tiny_calls_in_one_session(server: LiveServer) -> None:
         assert len(values) == 1000 and all(values)
         assert all(c.get() for c in consumers)
         status = s.status()
-        assert (status.num_calls, status.num_calls_done) == (1010, 1010)
+        assert [status.num_calls, status.num_calls_done] == [1010, 1010]
         # Batched: 2,020 variables and 1,010 calls took a handful of submits.
         assert 1 <= s.core.transport.num_submits <= 20
     assert server.wait_blocks_free(blocks_free).num_blocks_free == blocks_free

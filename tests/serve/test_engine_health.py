@@ -105,7 +105,7 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
         assert "".join(chunks) == STORY
         assert (await manager.get_variable(session, "c0~s")).value == STORY
         call = session.graph.calls["c0"]
-        assert (call.num_attempts, call.engine_id) == (1, "e1")
+        assert [call.num_attempts, call.engine_id] == [1, "e1"]
         assert call.num_generated_tokens == 4 + len(
             tok.encode(continue_story("Story:" + tok.decode(call.output_token_ids["s"][:4])))
         )
@@ -248,7 +248,7 @@ def test_engines_added_while_serving_take_calls(default_model_folder: Path) -> N
 
     async def body(manager: Manager) -> None:
         handle = await manager.add_engine(second, max_running_calls=4)
-        assert (handle.engine_id, handle.max_running_calls) == ("e1", 4)
+        assert [handle.engine_id, handle.max_running_calls] == ["e1", 4]
         sessions = [session_of(manager) for _ in range(4)]  # four apps: spread by load
         for i, s in enumerate(sessions):
             manager.submit(s, SubmitRequest(calls=[CallSpec(template=f"Q{i}:{{{{output:a}}}}")]))

@@ -29,11 +29,11 @@ def test_register_and_list_engines(server: LiveServer) -> None:
         resp = http.post("/v1/engines", json={"url": extra.url, "max_running_calls": 8}, headers=key)
         assert resp.status_code == 201, resp.text
         info = resp.json()
-        assert (info["engine_id"], info["url"], info["model"], info["alive"]) == ("e1", extra.url, "tiny", True)
+        assert [info["engine_id"], info["url"], info["model"], info["alive"]] == ["e1", extra.url, "tiny", True]
         again = http.post("/v1/engines", json={"url": extra.url}, headers=key)
-        assert (again.status_code, again.json()["error"]["field"]) == (409, "url")
+        assert [again.status_code, again.json()["error"]["field"]] == [409, "url"]
         nowhere = http.post("/v1/engines", json={"url": f"http://127.0.0.1:{free_port()}"}, headers=key)
-        assert (nowhere.status_code, nowhere.json()["error"]["field"]) == (400, "url")
+        assert [nowhere.status_code, nowhere.json()["error"]["field"]] == [400, "url"]
         assert [e["engine_id"] for e in http.get("/v1/engines", headers=key).json()["engines"]] == ["e0", "e1"]
         # The new engine takes calls: concurrent requests (one app each) spread over both engines.
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)

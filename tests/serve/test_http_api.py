@@ -277,6 +277,6 @@ def test_idle_session_expires_and_frees_its_contexts(tiny_engine: AsyncEngine) -
             time.sleep(0.01)
         time.sleep(0.6)
         status, field, message = error_of(c.get(""))
-        assert (status, field) == (410, "session_id")
+        assert [status, field] == [410, "session_id"]
         assert message == f"session {c.session_id!r} was expired after 0.3 s idle"
         assert srv.wait_blocks_free(blocks_free).num_blocks_free == blocks_free

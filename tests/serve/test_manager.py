@@ -194,7 +194,7 @@ def test_prompts_past_the_context_are_refused(default_model_folder: Path) -> Non
         long_text = "word " * 300
         with pytest.raises(ParrotError) as info:
             manager.submit(session, SubmitRequest(calls=[spec("{{input:x}} {{output:o}}", x=Binding(value=long_text))]))
-        assert (info.value.status, info.value.field) == (400, "calls[0].template")
+        assert [info.value.status, info.value.field] == [400, "calls[0].template"]
         assert "exceed the model's context of 256 tokens" in info.value.message
         assert manager.status(session).num_calls == 0 and session.graph.variables == {}
         # Known only at run time: the call fails and its get says why.
@@ -208,7 +208,7 @@ def test_prompts_past_the_context_are_refused(default_model_folder: Path) -> Non
         manager.set_variable(session, "late", long_text)
         with pytest.raises(ParrotError) as info:
             await manager.get_variable(session, "c0~o")
-        assert (info.value.status, info.value.field) == (400, "prompt")
+        assert [info.value.status, info.value.field] == [400, "prompt"]
 
     run(default_model_folder, body, max_model_len=256)
 

@@ -30,7 +30,7 @@ def test_completion_matches_the_engine_and_reports_usage(server: LiveServer, cli
     assert got.choices[0].text == expected
     assert got.choices[0].finish_reason == "length"
     assert got.usage is not None
-    assert (got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens) == (len(ids), 5, len(ids) + 5)
+    assert [got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens] == [len(ids), 5, len(ids) + 5]
     assert got.usage.prompt_tokens_details is not None
     assert got.usage.prompt_tokens_details.cached_tokens == 0
     assert got.model == "tiny"
@@ -76,7 +76,7 @@ def test_chat_completion_stream_and_usage(server: LiveServer, client: openai.Ope
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (len(ids), 6)
+    assert [chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens] == [len(ids), 6]
 
 
 def test_unsupported_options_are_refused_by_name(server: LiveServer, client: openai.OpenAI) -> None:

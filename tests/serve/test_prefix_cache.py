@@ -52,19 +52,19 @@ def test_refcounts_and_calls_seen() -> None:
     cache.acquire(e, now=1.0)
     cache.acquire(e, now=2.0)
     cache.release(e, now=3.0)
-    assert (e.num_users, e.last_used) == (1, 3.0)
+    assert [e.num_users, e.last_used] == [1, 3.0]
     cache.release(e, now=4.0)
     with pytest.raises(AssertionError):
         cache.release(e, now=5.0)
 
     cache.note_call(("s", "c0"), [point(40), point(60)])
     cache.note_call(("s", "c0"), [point(40), point(60)])  # the same call again counts once
-    assert (cache.num_sharers("h40"), cache.num_sharers("h60")) == (1, 1)
+    assert [cache.num_sharers("h40"), cache.num_sharers("h60")] == [1, 1]
     cache.note_call(("t", "c0"), [point(40)])
     cache.note_call(("u", "c0"), [point(40)])  # counted up to 2
     assert cache.num_sharers("h40") == 2
     cache.note_call(("u", "c1"), [point(7), point(8)])  # the least recently noted hash goes
-    assert (cache.num_sharers("h60"), cache.num_sharers("h40"), cache.num_sharers("h8")) == (0, 2, 1)
+    assert [cache.num_sharers("h60"), cache.num_sharers("h40"), cache.num_sharers("h8")] == [0, 2, 1]
 
 
 def test_evictions_take_idle_leaves_least_recently_used_first() -> None:

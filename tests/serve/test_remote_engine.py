@@ -55,11 +55,11 @@ def test_manager_over_http_engine_matches_in_process(tiny_engine: AsyncEngine) -
                 await manager.drain()
             assert values[0] == values[1]
             stats = await remote.stats()
-            assert (stats.num_contexts, stats.num_blocks_free) == (0, stats.num_blocks_total)
+            assert [stats.num_contexts, stats.num_blocks_free] == [0, stats.num_blocks_total]
             # Engine errors arrive with their status and field.
             with pytest.raises(ParrotError) as info:
                 await remote.free_context(FreeContextRequest(context_id="nope"))
-            assert (info.value.status, info.value.field) == (404, "context_id")
+            assert [info.value.status, info.value.field] == [404, "context_id"]
             await local.stop()
             await over_http.stop()
             await remote.aclose()
