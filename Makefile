@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-full serve clean
+.PHONY: install demo test lint data bench bench-full bench-engine bench-attention serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -30,11 +30,21 @@ lint: install
 test: install lint
 	$(BIN)/python -W error::SyntaxWarning -m pytest tests
 
-bench: install
+data: install
+	$(BIN)/python scripts/fetch_data.py
+
+bench: data
 	$(BIN)/python -m benchmarks.run --mode quick
 
-bench-full: install
-	$(BIN)/python -m benchmarks.run --mode full
+bench-full: data
+	bash scripts/setup_vllm.sh
+	$(BIN)/python -m benchmarks.run --mode full --with-vllm
+
+bench-engine: install
+	$(BIN)/python -m benchmarks.engine_bench
+
+bench-attention: install
+	$(BIN)/python -m benchmarks.attention_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
