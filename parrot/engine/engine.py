@@ -118,40 +118,14 @@ class LLMEngine:
                     f"({self.pool.num_blocks} blocks of {self.config.block_size})",
                     field="token_ids",
                 )
-            self._register(req.context_id, req.parent_context_id)
-            self._enqueue(
-                Job(
-                    next(self._job_ids),
-                    JobKind.FILL,
-                    req.context_id,
-                    sink,
-                    req.objective,
-                    req.priority,
-                    time.monotonic(),
-                    fork_from=req.parent_context_id,
-                    token_ids=list(req.token_ids),
-                ),
-                req,
-            )
+            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids))
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation; returns its job id (for `abort`)."""
         with self._cv:
             self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
-            self._register(req.context_id, req.parent_context_id)
-            job = Job(
-                next(self._job_ids),
-                JobKind.GENERATE,
-                req.context_id,
-                sink,
-                req.objective,
-                req.priority,
-                time.monotonic(),
-                fork_from=req.parent_context_id,
-                sampling=req.sampling,
-            )
+            job = self._enqueue(JobKind.GENERATE, req, sink, sampling=req.sampling)
             begin_generation(job, self.tokenizer)
-            self._enqueue(job, req)
             return job.job_id
 
     def abort(self, job_id: int) -> None:
@@ -232,9 +206,23 @@ class LLMEngine:
         queued = sum(len(j.token_ids) for j in self.scheduler.queues.get(ctx.context_id, []))
         return ctx.num_tokens + queued
 
-    def _enqueue(self, job: Job, req: object) -> None:
+    def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
+        """Register the request's context (validated by the caller) and queue its job."""
+        self._register(req.context_id, req.parent_context_id)
+        job = Job(
+            next(self._job_ids),
+            kind,
+            req.context_id,
+            sink,
+            req.objective,
+            req.priority,
+            time.monotonic(),
+            fork_from=req.parent_context_id,
+            **fields,  # type: ignore[arg-type]
+        )
         self.scheduler.add(job)
         self._cv.notify_all()
+        return job
 
     # ---- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -319,11 +307,8 @@ class LLMEngine:
     def _end_aborted(self) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:
             if job.job_id in self._aborted:
-                if job.fork_from is not None:  # never started: drop its fork placeholder too
-                    self.scheduler.finish(job)
-                    self._drop_new_context(job)
-                else:
-                    self.scheduler.finish(job)
+                self.scheduler.finish(job)
+                self._drop_new_context(job)  # a fork that never started leaves only a placeholder
                 job.emit(TokenEvent(token_id=None, finish_reason="aborted"))
         self._aborted.clear()
 
