@@ -1,8 +1,11 @@
 """OpenAI-compatible request and response messages (/v1/completions, /v1/chat/completions, /v1/models).
 
-Only what the manager serves faithfully is accepted: an option it would ignore (n > 1, logprobs,
-penalties, echo...) is refused with a 400 naming it, never dropped silently. Unknown fields are
-refused too.
+Only what the manager serves faithfully is accepted: an option it would ignore (n > 1, top
+logprobs, penalties, echo...) is refused with a 400 naming it, never dropped silently. Unknown
+fields are refused too. A few vLLM extensions are served as vLLM serves them: `ignore_eos`,
+`top_k`, `stop_token_ids`, token-id prompts and `return_tokens_as_token_ids` (tokens reported as
+"token_id:<n>"), which is what Parrot's own OpenAI engine adapter (parrot/serve/openai_engine.py)
+asks of an upstream.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class _SamplingFields(_Req):
     # Extensions that vLLM also accepts (OpenAI clients send them with `extra_body`).
     ignore_eos: bool = False
     top_k: int | None = Field(default=None, ge=0, le=1_000_000)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     # Accepted only at their neutral values; anything else is a 400 (not supported).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -43,11 +47,18 @@ class _SamplingFields(_Req):
     logit_bias: dict[str, float] | None = None
 
 
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under `return_tokens_as_token_ids`
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] = Field(description="one prompt (a list must hold exactly one string)")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="one prompt: text, or token ids (a list of prompts must hold exactly one)"
+    )
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
+    # With `logprobs`, each token is reported as "token_id:<n>" instead of its text (vLLM).
+    return_tokens_as_token_ids: bool = False
 
 
 class ContentPart(_Req):
@@ -81,11 +92,20 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class CompletionLogProbs(BaseModel):
+    """Per generated token (vLLM's shape): its text or "token_id:<n>", its logprob, its offset."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogProbs | None = None
 
 
 class Completion(BaseModel):
@@ -144,6 +164,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "parrot"
+    max_model_len: int | None = None  # vLLM's field: the model's context length in tokens
 
 
 class ModelList(BaseModel):

@@ -145,6 +145,7 @@ class CallRunner:
     async def _generate(self, name: str, var: Variable) -> None:
         sampling = self.call.sampling[name]
         generated = self.call.output_token_ids.setdefault(name, [])
+        streamed = self.call.output_tokens.setdefault(name, [])
         if generated:  # an earlier run was cut off: continue after its tokens
             await self._fill_tokens(generated)
             self._append_held_back_text(var, generated)
@@ -166,6 +167,7 @@ class CallRunner:
                 if event.token_id is not None:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
                         generated.append(event.token_id)
+                    streamed.append((event.token_id, event.logprob))
                     self.call.num_generated_tokens += 1
                 if event.text:
                     var.append(event.text)

@@ -77,6 +77,9 @@ class CallNode:
         # (complete or not), so a re-run resumes instead of losing or repeating text.
         self.num_attempts = 0
         self.output_token_ids: dict[str, list[int]] = {}
+        # Every token each output streamed with its logprob, the EOS that ended it included (it is
+        # not in output_token_ids, which are the context's): what the OpenAI routes report per token.
+        self.output_tokens: dict[str, list[tuple[int, float | None]]] = {}
 
     @property
     def input_var_ids(self) -> list[str]:

@@ -192,13 +192,20 @@ class Manager:
         return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
 
     def submit_parsed(
-        self, session: Session, spec: CallSpec, template: ParsedTemplate, message_prefixes: Sequence[str] = ()
+        self,
+        session: Session,
+        spec: CallSpec,
+        template: ParsedTemplate,
+        message_prefixes: Sequence[str] = (),
+        prompt_token_ids: list[int] | None = None,
     ) -> CallNode:
         """A plain request (the OpenAI routes): its one text piece is the raw prompt, never parsed
         for placeholders. `message_prefixes` are the rendered leading chat messages (prefix points
-        at message boundaries). A client waits on the answer: its output is latency-critical."""
+        at message boundaries). `prompt_token_ids`, when the client sent token ids, are the text
+        piece's tokens as given (never re-tokenized). A client waits on the answer: its output is
+        latency-critical."""
         model = self.pool.resolve_model(spec.model)
-        call = self._submit(session, [], [(spec, template, model)], "", message_prefixes).calls[0]
+        call = self._submit(session, [], [(spec, template, model)], "", message_prefixes, prompt_token_ids).calls[0]
         self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
         return call
 
@@ -209,6 +216,7 @@ class Manager:
         calls: Sequence[tuple[CallSpec, ParsedTemplate, str]],
         prefix: str,
         message_prefixes: Sequence[str] | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> StagedBatch:
         graph = session.graph
         staged = graph.stage(var_specs, calls, prefix)
@@ -232,7 +240,10 @@ class Manager:
         )
         for j, call in enumerate(staged.calls):
             engine = self.pool.for_model(call.model)
-            call.piece_token_ids = text_piece_token_ids(call.template, engine.tokenizer)
+            if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
+                call.piece_token_ids = [list(prompt_token_ids), None]
+            else:
+                call.piece_token_ids = text_piece_token_ids(call.template, engine.tokenizer)
             field = f"{prefix}[{j}].template" if prefix else "template"
             check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
             if message_prefixes is not None:  # a plain request: one text piece

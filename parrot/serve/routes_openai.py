@@ -5,6 +5,12 @@ prompt (never parsed for placeholders) followed by one output, streams or awaits
 deletes the session, which frees the engine context even when the client goes away mid-stream.
 Requests share prompt prefixes like semantic calls do: hashed at chat-message boundaries and at
 fixed token blocks (prefix.py); `usage.prompt_tokens_details.cached_tokens` reports the reuse.
+
+`/v1/completions` also speaks the vLLM dialect an engine adapter needs: a prompt of token ids
+(filled as given, never re-tokenized), `stop_token_ids`, and `logprobs: 0` (the sampled token's
+logprob; engines report no alternatives, so `logprobs` > 0 is refused) with
+`return_tokens_as_token_ids`. Each streamed chunk then carries the tokens generated since the
+previous one, an EOS that ended the text included, as vLLM reports them.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -21,6 +27,7 @@ from pydantic import BaseModel
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.openai_api import (
+    TOKEN_ID_PREFIX,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -30,6 +37,7 @@ from parrot.protocol.openai_api import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionLogProbs,
     CompletionRequest,
     ModelCard,
     ModelList,
@@ -57,27 +65,26 @@ _MAX_MESSAGE_POINTS = 16  # message boundaries considered for prefix sharing (th
 @router.get("/models", response_model=ModelList)
 async def list_models(api_key: BearerToken, manager: ManagerDep) -> ModelList:
     manager.sessions.tenant_of(api_key)
-    return ModelList(data=[ModelCard(id=m) for m in manager.pool.models])
+    cards = [ModelCard(id=m, max_model_len=manager.pool.for_model(m).max_model_len) for m in manager.pool.models]
+    return ModelList(data=cards)
 
 
 @router.post("/completions", response_model=Completion)
 async def completions(
     req: CompletionRequest, api_key: BearerToken, manager: ManagerDep
 ) -> Completion | StreamingResponse:
-    _refuse_unsupported(req, {"echo": req.echo, "suffix": req.suffix})
+    _refuse_unsupported(req, {"echo": req.echo, "suffix": req.suffix}, logprobs_zero_ok=True)
     if req.best_of not in (None, 1):
         raise ParrotError("best_of > 1 is not supported", field="best_of")
-    if isinstance(req.prompt, list):
-        if len(req.prompt) != 1:
-            raise ParrotError("exactly one prompt is supported per request", field="prompt")
-        prompt = req.prompt[0]
-    else:
-        prompt = req.prompt
+    prompt = _one_prompt(req.prompt)
     run = _OneCall(manager, api_key, req.model, prompt, req, default_max_tokens=16)
+    if req.logprobs is not None and req.logprobs is not False:  # 0: the only value let through
+        run.token_report = _TokenReport(run, req.return_tokens_as_token_ids)
     if req.stream:
         return StreamingResponse(run.stream_sse(_completion_chunk), media_type="text/event-stream")
     text, finish_reason, usage = await run.complete()
-    choice = CompletionChoice(text=text, finish_reason=finish_reason)
+    logprobs = run.token_report.take(final=True) if run.token_report else None
+    choice = CompletionChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
     return Completion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
 
 
@@ -106,10 +113,30 @@ async def chat_completions(
     return ChatCompletion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
 
 
-def _refuse_unsupported(req: CompletionRequest | ChatCompletionRequest, extra: dict[str, object]) -> None:
+def _one_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
+    """The request's one prompt: text or token ids (`[1, 2]` is one prompt, `[[1, 2]]` a list of one)."""
+    if isinstance(prompt, str):
+        return prompt
+    items: list[Any] = list(prompt)
+    if items and all(isinstance(t, int) for t in items):
+        return items
+    if len(items) != 1:
+        raise ParrotError("exactly one prompt is supported per request", field="prompt")
+    first = items[0]
+    return first if isinstance(first, str) else list(first)
+
+
+def _refuse_unsupported(
+    req: CompletionRequest | ChatCompletionRequest, extra: dict[str, object], logprobs_zero_ok: bool = False
+) -> None:
     if req.n not in (None, 1):
         raise ParrotError("n > 1 is not supported: send one request per choice", field="n")
-    if req.logprobs not in (None, False, 0) or req.logit_bias:
+    if logprobs_zero_ok and req.logprobs is not None and (req.logprobs is True or req.logprobs != 0):
+        raise ParrotError(
+            "only logprobs=0 is supported (the sampled token's logprob): engines report no top alternatives",
+            field="logprobs",
+        )
+    if (not logprobs_zero_ok and req.logprobs not in (None, False, 0)) or req.logit_bias:
         raise ParrotError(
             "logprobs and logit_bias are not supported", field="logprobs" if req.logprobs else "logit_bias"
         )
@@ -129,7 +156,7 @@ class _OneCall:
         manager: Manager,
         api_key: str | None,
         model: str,
-        prompt: str,
+        prompt: str | list[int],
         req: CompletionRequest | ChatCompletionRequest,
         default_max_tokens: int | None,
         max_tokens: int | None = None,
@@ -143,6 +170,15 @@ class _OneCall:
         if not prompt:
             raise ParrotError("the prompt is empty", field="prompt")
         engine = manager.pool.for_model(resolved)
+        self.tokenizer = engine.tokenizer
+        prompt_token_ids = None
+        if isinstance(prompt, list):
+            vocab_size = engine.tokenizer.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", field="prompt")
+            prompt_token_ids = prompt
+            prompt = engine.tokenizer.decode(prompt, skip_special_tokens=False) or "(token ids)"
         max_tokens = max_tokens or req.max_tokens or default_max_tokens
         if max_tokens is None:  # chat default: whatever room the context leaves
             max_tokens = max(1, min(32768, engine.max_model_len - len(engine.tokenizer.encode(prompt))))
@@ -155,14 +191,16 @@ class _OneCall:
             stop=stop,
             top_k=req.top_k or 0,
             ignore_eos=req.ignore_eos,
+            stop_token_ids=req.stop_token_ids or [],
         )
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.token_report: _TokenReport | None = None  # per-token logprobs, when asked for
         created = manager.create_session(api_key)
         self.session: Session = manager.sessions.sessions[created.session_id]
         template = ParsedTemplate((TextPiece(prompt), Placeholder(_OUTPUT, PlaceholderKind.OUTPUT)), (), (_OUTPUT,))
         try:
             spec = CallSpec(template=prompt, sampling={_OUTPUT: sampling}, model=resolved, name="openai")
-            self.call: CallNode = manager.submit_parsed(self.session, spec, template, prefixes or [])
+            self.call: CallNode = manager.submit_parsed(self.session, spec, template, prefixes or [], prompt_token_ids)
         except BaseException:
             self.manager.sessions.remove(self.session.session_id, "closed")
             raise
@@ -194,13 +232,16 @@ class _OneCall:
     async def stream_sse(self, make_chunk: _ChunkMaker) -> AsyncIterator[str]:
         try:
             yield _sse(make_chunk(self, None, None, first=True))
+            report = self.token_report
             try:
-                async for text in self.var.stream():
-                    yield _sse(make_chunk(self, text, None, first=False))
+                # With a token report, each chunk pairs the text with the tokens generated so far.
+                async for text in self.var.stream(joined=report is not None):
+                    yield _sse(make_chunk(self, text, None, first=False, logprobs=report.take() if report else None))
             except ParrotError as e:
                 yield f"data: {_json(error_body(e))}\n\n"
                 return
-            yield _sse(make_chunk(self, None, self.finish_reason(), first=False))
+            last = report.take(final=True) if report else None  # tokens without text of their own, an ending EOS
+            yield _sse(make_chunk(self, None, self.finish_reason(), first=False, logprobs=last))
             if self.include_usage:
                 yield _sse(make_chunk(self, None, None, first=False, usage=self.usage()))
             yield "data: [DONE]\n\n"
@@ -208,21 +249,67 @@ class _OneCall:
             await self.manager.delete_session(self.session, "closed")
 
 
+class _TokenReport:
+    """The output's tokens as vLLM reports them with `logprobs: 0`; `take()` returns those
+    generated since the last take (the OpenAI text offsets run on from one take to the next)."""
+
+    def __init__(self, run: _OneCall, as_token_ids: bool) -> None:
+        self.run = run
+        self.as_token_ids = as_token_ids
+        self.num_taken = 0
+        self.text_offset = 0
+
+    def take(self, final: bool = False) -> CompletionLogProbs:
+        """`final`: the output is complete; before that, an EOS the engine streamed (the one token
+        outside the context's) waits, so that it arrives with the finish reason, as in vLLM."""
+        call = self.run.call
+        streamed = call.output_tokens.get(_OUTPUT, [])
+        stop = len(streamed) if final else min(len(streamed), len(call.output_token_ids.get(_OUTPUT, [])))
+        tokens = streamed[self.num_taken : stop]
+        self.num_taken += len(tokens)
+        report = CompletionLogProbs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+        for token_id, logprob in tokens:
+            text = self.run.tokenizer.decode([token_id], skip_special_tokens=False)
+            token = f"{TOKEN_ID_PREFIX}{token_id}" if self.as_token_ids else text
+            report.text_offset.append(self.text_offset)
+            report.token_logprobs.append(logprob)
+            report.tokens.append(token)
+            report.top_logprobs.append(None if logprob is None else {token: logprob})
+            self.text_offset += len(text)
+        return report
+
+
 class _ChunkMaker(Protocol):
     def __call__(
-        self, run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+        self,
+        run: _OneCall,
+        text: str | None,
+        finish_reason: str | None,
+        first: bool,
+        usage: Usage | None = None,
+        logprobs: CompletionLogProbs | None = None,
     ) -> BaseModel: ...
 
 
 def _completion_chunk(
-    run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+    run: _OneCall,
+    text: str | None,
+    finish_reason: str | None,
+    first: bool,
+    usage: Usage | None = None,
+    logprobs: CompletionLogProbs | None = None,
 ) -> BaseModel:
-    choices = [] if usage else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+    choices = [] if usage else [CompletionChoice(text=text or "", finish_reason=finish_reason, logprobs=logprobs)]
     return Completion(id=run.id, created=run.created, model=run.model, choices=choices, usage=usage)
 
 
 def _chat_chunk(
-    run: _OneCall, text: str | None, finish_reason: str | None, first: bool, usage: Usage | None = None
+    run: _OneCall,
+    text: str | None,
+    finish_reason: str | None,
+    first: bool,
+    usage: Usage | None = None,
+    logprobs: CompletionLogProbs | None = None,
 ) -> BaseModel:
     delta = ChatDelta(role="assistant", content="") if first else ChatDelta(content=text)
     choices = [] if usage else [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]

@@ -98,16 +98,22 @@ class Variable:
                 f"variable {self.var_id!r} is not ready after timeout_s={timeout_s:g}", status=408, field="timeout_s"
             ) from None
 
-    async def stream(self) -> AsyncGenerator[str, None]:
-        """Text chunks as they arrive; ends when set, raises the variable's error if it fails."""
+    async def stream(self, joined: bool = False) -> AsyncGenerator[str, None]:
+        """Text chunks as they arrive; ends when set, raises the variable's error if it fails.
+
+        `joined`: the chunks that arrived since the last yield come as one (a reader that pairs
+        the text with the producer's state at that moment, e.g. its tokens so far)."""
         num_sent_chunks = 0
         while True:
             changed = self._changed
             if self.error is not None:
                 raise self.error
-            while num_sent_chunks < len(self.chunks):
-                yield self.chunks[num_sent_chunks]
-                num_sent_chunks += 1
+            if num_sent_chunks < len(self.chunks):
+                new = self.chunks[num_sent_chunks:]
+                num_sent_chunks = len(self.chunks)
+                for text in ["".join(new)] if joined else new:
+                    yield text
+                continue
             if self.value is not None:
                 return
             await changed.wait()
