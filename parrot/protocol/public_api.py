@@ -11,6 +11,7 @@ and returns a session token; every other session route carries that token the sa
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -94,8 +95,27 @@ class SessionStatus(_Msg):
 
 
 class RegisterEngineRequest(_Msg):
+    """An engine to schedule onto: a Parrot engine server (`kind` "parrot", the engine API), or any
+    OpenAI-compatible completion server such as vLLM (`kind` "openai", through the manager's
+    adapter; the other fields apply to it only)."""
+
     url: str = Field(min_length=1, max_length=2048, description="the engine server's base URL")
     max_running_calls: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the manager's")
+    kind: Literal["parrot", "openai"] = "parrot"
+    model: str | None = Field(
+        default=None, min_length=1, max_length=256, description="openai: the upstream's model (default: its first)"
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="openai: a Hugging Face model folder on the manager's machine with the model's tokenizer "
+        "(default: the upstream model card's `root`, if that is such a folder)",
+    )
+    api_key: str | None = Field(default=None, min_length=1, max_length=4096, description="openai: the upstream's key")
+    max_model_len: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="openai: default: the upstream model card's (vLLM reports it)"
+    )
 
 
 class EngineInfo(_Msg):

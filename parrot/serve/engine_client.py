@@ -117,10 +117,10 @@ def _error(resp: httpx.Response) -> ParrotError:
 
 
 async def engine_model_folder(client: EngineClient) -> Path | None:
-    """Where the engine's tokenizer lives, if the client can say (in-process engine or HTTP info)."""
+    """Where the engine's tokenizer lives, if the client can say: its `model_folder` (in-process
+    engine, a configured adapter), else the `model_folder` of its `info()` (HTTP engine, adapter)."""
     folder = getattr(client, "model_folder", None)
-    if folder is not None:
-        return Path(folder)
-    if isinstance(client, HttpEngineClient):
-        return Path(str((await client.info())["model_folder"]))
-    return None
+    info = getattr(client, "info", None)
+    if folder is None and info is not None:
+        folder = (await info()).get("model_folder")
+    return None if folder is None else Path(folder)

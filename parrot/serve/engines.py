@@ -61,7 +61,11 @@ class EnginePool:
         stats = await client.stats()
         folder = self._tokenizer_folder or await engine_model_folder(client)
         if folder is None:
-            raise ParrotError("the engine does not say where its tokenizer is: pass tokenizer_folder", field="url")
+            raise ParrotError(
+                "the engine does not say where its tokenizer is: give the manager a tokenizer_folder "
+                "(an OpenAI-compatible upstream: give its adapter a tokenizer folder)",
+                field="url",
+            )
         if folder not in self._tokenizers:
             self._tokenizers[folder] = Tokenizer(folder)
         engine_id = f"e{self._num_added}"
@@ -80,6 +84,11 @@ class EnginePool:
         if not self.default_model:
             self.default_model = handle.model
         return handle
+
+    @property
+    def tokenizer_folder(self) -> Path | None:
+        """The one tokenizer folder given for every engine, if any (else each engine says its own)."""
+        return self._tokenizer_folder
 
     @property
     def alive(self) -> list[EngineHandle]:

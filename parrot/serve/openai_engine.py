@@ -1,0 +1,381 @@
+"""An engine backed by an OpenAI-compatible completion server (vLLM, or another Parrot manager).
+
+`OpenAIEngineClient` implements the engine API (`EngineClient`) over an upstream's
+`/v1/completions`, so the manager schedules onto it like onto a builtin engine: sessions, the DAG,
+objective deduction and app-centric placement run here, token generation runs upstream.
+
+Contexts live in the adapter, not upstream: a context is its token id list. Fill appends to it (a
+fork starts as a copy of its parent's list) and answers at once: nothing is computed until a
+Generate, which sends the whole list as a token-id prompt, streamed, and leaves the sharing of
+common prefixes to the upstream's automatic prefix caching (vLLM's APC; Parrot's own prefix
+sharing of plain requests). The generated tokens are appended to the context, the EOS that ends a
+generation excepted, as the builtin engine does, so a later fork sees them.
+
+Tokens come back as ids when the upstream speaks vLLM's dialect (`logprobs: 0` with
+`return_tokens_as_token_ids`: each token as "token_id:<n>", with its logprob); Parrot's own
+`/v1/completions` does too. Otherwise each streamed chunk's text is re-tokenized with the model's
+tokenizer (`tokenizer_folder`), and the events carry no logprob: those ids are usually, not
+always, the ones the upstream sampled (a chunk of several tokens, or a character split across
+chunks, may tokenize differently), so a later fork may continue from a slightly different
+sequence than the upstream's own.
+
+Not forwarded: Fill/Generate's objective and priority (an OpenAI request has no such fields).
+The stats are what the adapter knows: its contexts and running generations, tokens streamed,
+prompt tokens the upstream reported computing (usage minus cached), time between streamed tokens.
+Its "KV blocks" count the token lists it holds against `max_held_tokens` (the manager's prefix
+eviction reads them), not the upstream's KV cache; the step profile is empty (the manager's
+latency cap then stays at its initial value). Every `stats()` asks the upstream for its models,
+so the manager's heartbeats find a dead upstream; an unreachable one raises EngineUnavailable.
+
+Owned by one asyncio event loop (the manager's): no locks. `snapshot()` may be read from another
+thread (benchmarks): it reads counters only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from parrot.protocol.engine_api import (
+    ContextInfo,
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.serve.engine_client import EngineUnavailable
+from parrot.serve.openai_upstream import StopRule, choice_events, completion_body, eos_token_ids, upstream_error
+from parrot.text import Tokenizer
+
+BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
+
+
+@dataclass
+class _Context:
+    token_ids: list[int]  # the parent's (copied at the fork), then its own
+    parent_id: str | None = None
+    generating: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while not generating
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+
+class OpenAIEngineClient:
+    """The engine API over an upstream's `/v1/completions` (see the module docstring).
+
+    `base_url`: the server's root (a trailing `/v1` is accepted). `model`: the upstream's model
+    name (default: the first it lists). `tokenizer_folder`: a local Hugging Face folder of the
+    same model, for the manager's tokenizer, EOS detection and the re-tokenizing fallback (default:
+    the upstream model card's `root`, when that is a folder here). `max_model_len`: default the
+    upstream model card's (vLLM reports it). `ask_token_ids=False` sends plain OpenAI requests
+    (for servers that refuse unknown fields); tokens are then always re-tokenized.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        tokenizer_folder: str | Path | None = None,
+        max_model_len: int | None = None,
+        *,
+        ask_token_ids: bool = True,
+        max_held_tokens: int = 1 << 24,
+        timeout_s: float = 600.0,
+    ) -> None:
+        base = base_url.rstrip("/")
+        self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.model_folder: Path | None = None if tokenizer_folder is None else Path(tokenizer_folder)
+        self._model = model
+        self._max_model_len = max_model_len
+        self.ask_token_ids = ask_token_ids
+        self.max_held_tokens = max_held_tokens
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
+        self._info: dict[str, Any] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._contexts: dict[str, _Context] = {}
+        self._num_held_tokens = 0
+        self._num_running = 0
+        self._num_prefill_tokens = 0
+        self._num_decode_tokens = 0
+        self._tpot_ms = 0.0
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---- what the upstream serves -----------------------------------------------------------------
+    async def info(self) -> dict[str, Any]:
+        """{"model", "model_folder", "max_model_len"}: from `GET /v1/models` once, then cached."""
+        if self._info is None:
+            self._info = self._read_model_card(await self._get("/v1/models"))
+            if self.model_folder is not None:
+                self._tokenizer = Tokenizer(self.model_folder)
+                self._eos_ids = eos_token_ids(self.model_folder, self._tokenizer.eos_token_id)
+        return dict(self._info)
+
+    def _read_model_card(self, listing: Any) -> dict[str, Any]:
+        cards = [c for c in (listing.get("data") if isinstance(listing, dict) else None) or [] if isinstance(c, dict)]
+        served = [str(c.get("id")) for c in cards]
+        if not cards:
+            raise ParrotError(f"the upstream {self.base_url} lists no model", field="model")
+        if self._model is not None and self._model not in served:
+            raise ParrotError(f"the upstream serves {served}, not {self._model!r}", status=404, field="model")
+        card = cards[served.index(self._model)] if self._model is not None else cards[0]
+        max_model_len = self._max_model_len or card.get("max_model_len")
+        if not isinstance(max_model_len, int) or max_model_len < 1:
+            raise ParrotError(
+                f"the upstream's model card has no max_model_len: configure it ({card})", field="max_model_len"
+            )
+        root = card.get("root")
+        if self.model_folder is None and isinstance(root, str) and (Path(root) / "tokenizer.json").is_file():
+            self.model_folder = Path(root)
+        model = str(card.get("id"))
+        return {"model": model, "model_folder": self.model_folder, "max_model_len": max_model_len}
+
+    async def stats(self) -> EngineStats:
+        """Checks that the upstream answers (a heartbeat), then the adapter's own counters."""
+        if self._info is None:
+            await self.info()
+        else:
+            await self._get("/v1/models")
+        return self.snapshot()
+
+    def snapshot(self) -> EngineStats:
+        """The adapter's counters, without asking the upstream (any thread; after `info()`)."""
+        info = self._info or {"model": self._model or "", "max_model_len": self._max_model_len or 0}
+        num_blocks_total = max(1, self.max_held_tokens // BLOCK_SIZE)
+        return EngineStats(
+            model=info["model"],
+            max_model_len=info["max_model_len"],
+            block_size=BLOCK_SIZE,
+            num_blocks_total=num_blocks_total,
+            num_blocks_free=max(0, num_blocks_total - math.ceil(self._num_held_tokens / BLOCK_SIZE)),
+            num_contexts=len(self._contexts),
+            num_running=self._num_running,
+            num_waiting=0,
+            recent_time_per_output_token_ms=self._tpot_ms,
+            num_steps=0,
+            num_prefill_tokens=self._num_prefill_tokens,
+            num_decode_tokens=self._num_decode_tokens,
+        )
+
+    # ---- the engine API ---------------------------------------------------------------------------
+    async def fill(self, req: FillRequest) -> FillResult:
+        await self._settle(req.context_id, req.parent_context_id)
+        info = await self.info()
+        bad = next((t for t in req.token_ids if t < 0), None)
+        if bad is not None:  # larger ids are the upstream's to refuse: it knows the model's vocabulary
+            raise ParrotError(f"token id {bad} is negative", field="token_ids")
+        self._check_ids(req.context_id, req.parent_context_id, must_exist=False)
+        source = self._contexts.get(req.parent_context_id or req.context_id)
+        base = len(source.token_ids) if source is not None else 0
+        if base + len(req.token_ids) > info["max_model_len"]:
+            raise ParrotError(
+                f"context would hold {base + len(req.token_ids)} tokens; the model's limit is {info['max_model_len']}",
+                field="token_ids",
+            )
+        ctx = self._open(req.context_id, req.parent_context_id)
+        ctx.token_ids.extend(req.token_ids)
+        self._num_held_tokens += len(req.token_ids)
+        return FillResult(
+            context_id=req.context_id, num_tokens=len(ctx.token_ids), num_filled_tokens=len(req.token_ids)
+        )
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        await self._settle(req.context_id, req.parent_context_id)
+        info = await self.info()
+        self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
+        is_new = req.parent_context_id is not None
+        ctx = self._open(req.context_id, req.parent_context_id)
+        room = info["max_model_len"] - len(ctx.token_ids)
+        if not ctx.token_ids or room < 1:
+            if is_new:
+                self._drop(req.context_id)
+            what = "is empty" if not ctx.token_ids else f"holds the model's limit of {info['max_model_len']} tokens"
+            raise ParrotError(f"context {req.context_id!r} {what}: nothing to generate from", field="context_id")
+        sampling = req.sampling
+        body = completion_body(
+            info["model"], ctx.token_ids, sampling, min(sampling.max_tokens, room), self.ask_token_ids
+        )
+        rule = StopRule(self._eos_ids, sampling.ignore_eos)
+        retokenize = self._tokenizer.encode if self._tokenizer is not None else None
+        ctx.generating = True
+        ctx.idle.clear()
+        self._num_running += 1
+        num_events = 0
+        try:
+            async for event in self._stream(body, rule, retokenize, len(ctx.token_ids)):
+                if event.token_id is not None and event.finish_reason != "eos":  # EOS stays out of the context
+                    ctx.token_ids.append(event.token_id)
+                    self._num_held_tokens += 1
+                num_events += 1
+                yield event
+        except BaseException:
+            if is_new and num_events == 0:
+                self._drop(req.context_id)  # a fork that produced nothing leaves nothing behind
+            raise
+        finally:
+            ctx.generating = False
+            ctx.idle.set()
+            self._num_running -= 1
+
+    async def _stream(
+        self, body: dict[str, Any], rule: StopRule, retokenize: Callable[[str], list[int]] | None, prompt_len: int
+    ) -> AsyncIterator[TokenEvent]:
+        """The upstream's streamed completion as events. The finishing event waits for the end of the
+        stream (the usage chunk and `[DONE]` follow at once), so the connection is reused."""
+        finished: TokenEvent | None = None
+        usage_seen = started = False
+        last_token_at: float | None = None
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    raise upstream_error(self.base_url, resp.status_code, (await resp.aread()).decode(errors="replace"))
+                async for chunk in _sse_chunks(resp, self.base_url):
+                    usage_seen |= self._count_usage(chunk)
+                    if finished is not None:
+                        continue
+                    if chunk.get("error") is not None:
+                        failure = upstream_error(self.base_url, _error_status(chunk), json.dumps(chunk))
+                        if not started:
+                            raise failure  # nothing produced: the caller sees the status
+                        finished = TokenEvent(token_id=None, finish_reason="error", error=failure.message)
+                        continue
+                    choices = [c for c in chunk.get("choices") or [] if isinstance(c, dict) and c.get("index", 0) == 0]
+                    for event in (e for c in choices for e in choice_events(c, retokenize, rule)):
+                        if event.token_id is not None:
+                            now = time.perf_counter()
+                            if last_token_at is not None:
+                                ms = 1000.0 * (now - last_token_at)
+                                self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
+                            last_token_at = now
+                            self._num_decode_tokens += 1
+                        if event.finish_reason is not None:
+                            finished = event
+                            break
+                        started = True
+                        yield event
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+        if not usage_seen:
+            self._num_prefill_tokens += prompt_len
+        if finished is None:
+            raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
+        yield finished
+
+    async def free_context(self, req: FreeContextRequest) -> None:
+        ctx = self._contexts.get(req.context_id)
+        if ctx is None:
+            raise not_found("context", req.context_id, "context_id")
+        if ctx.generating:
+            raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
+        self._drop(req.context_id)
+
+    def context_info(self, context_id: str) -> ContextInfo:
+        """A context's length (its blocks: the adapter's bookkeeping of its token list)."""
+        ctx = self._contexts.get(context_id)
+        if ctx is None:
+            raise not_found("context", context_id, "context_id")
+        num_tokens = len(ctx.token_ids)
+        return ContextInfo(
+            context_id=context_id,
+            parent_context_id=ctx.parent_id,
+            num_tokens=num_tokens,
+            num_blocks=math.ceil(num_tokens / BLOCK_SIZE),
+        )
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    async def _settle(self, context_id: str, parent_id: str | None) -> None:
+        """Work on a context waits for the generation streaming into it (and a fork for its parent's)."""
+        for cid in (context_id, parent_id):
+            while cid is not None and (ctx := self._contexts.get(cid)) is not None and ctx.generating:
+                await ctx.idle.wait()
+
+    def _check_ids(self, context_id: str, parent_id: str | None, must_exist: bool) -> None:
+        """The builtin engine's checks, with its statuses and fields."""
+        exists = context_id in self._contexts
+        if parent_id is None and must_exist and not exists:
+            raise not_found("context", context_id, "context_id")
+        if parent_id is not None:
+            if exists:
+                raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
+            if parent_id not in self._contexts:
+                raise not_found("parent context", parent_id, "parent_context_id")
+            if parent_id == context_id:
+                raise ParrotError("a context cannot be its own parent", field="parent_context_id")
+
+    def _open(self, context_id: str, parent_id: str | None) -> _Context:
+        """The context, created empty or as a copy of its parent's tokens (ids checked)."""
+        ctx = self._contexts.get(context_id)
+        if ctx is None:
+            tokens = list(self._contexts[parent_id].token_ids) if parent_id is not None else []
+            ctx = self._contexts[context_id] = _Context(tokens, parent_id)
+            self._num_held_tokens += len(tokens)
+        return ctx
+
+    def _drop(self, context_id: str) -> None:
+        ctx = self._contexts.pop(context_id, None)
+        if ctx is not None:
+            self._num_held_tokens -= len(ctx.token_ids)
+
+    def _count_usage(self, chunk: dict[str, Any]) -> bool:
+        """Prompt tokens the upstream computed: its usage less its cached tokens. True if reported."""
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+            return False
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+        self._num_prefill_tokens += usage["prompt_tokens"] - int(cached or 0)
+        return True
+
+    async def _get(self, path: str) -> Any:
+        try:
+            resp = await self._http.get(path)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+        if resp.status_code >= 400:
+            raise upstream_error(self.base_url, resp.status_code, resp.text)
+        return resp.json()
+
+    def _unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
+        return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")
+
+
+async def _sse_chunks(resp: httpx.Response, base_url: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream, until `[DONE]`."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ParrotError(
+                f"the upstream {base_url} streamed an unreadable chunk: {data[:200]!r}", status=502
+            ) from e
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+def _error_status(chunk: dict[str, Any]) -> int:
+    """The status an in-stream error names (Parrot: `status`, vLLM: `code`), else 500."""
+    error = chunk.get("error")
+    status = error.get("status") or error.get("code") if isinstance(error, dict) else None
+    return status if isinstance(status, int) and 400 <= status < 600 else 500

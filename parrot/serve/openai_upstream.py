@@ -1,0 +1,162 @@
+"""The OpenAI-compatible dialect the engine adapter speaks to its upstream (openai_engine.py).
+
+Pure functions, no I/O: the `/v1/completions` request body for a context and its sampling
+settings, one streamed chunk turned into engine-API `TokenEvent`s, an upstream error body turned
+into a `ParrotError`. Unit-testable on hand-written chunks (vLLM's and Parrot's shapes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parrot.protocol.engine_api import TokenEvent
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.openai_api import TOKEN_ID_PREFIX
+from parrot.protocol.sampling import SamplingParams
+
+# An upstream finish reason -> the engine API's; "stop" is split into "eos" / "stop" by the token.
+_FINISH = {"length": "length", "stop": "stop", "abort": "aborted"}
+
+
+def completion_body(
+    model: str, token_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, ask_token_ids: bool
+) -> dict[str, Any]:
+    """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
+    something (`top_k`, `ignore_eos`, `stop_token_ids`), so plain OpenAI servers see plain requests;
+    `ask_token_ids` adds `logprobs: 0` with `return_tokens_as_token_ids` (tokens as ids, vLLM)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(token_ids),
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if sampling.top_k:
+        body["top_k"] = sampling.top_k
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
+    if ask_token_ids:
+        body["logprobs"] = 0
+        body["return_tokens_as_token_ids"] = True
+    return body
+
+
+def chunk_token_ids(choice: dict[str, Any]) -> tuple[list[int], list[float | None]] | None:
+    """The tokens of one streamed choice with their logprobs, if the upstream gave them as ids:
+    vLLM's `token_ids` field, or "token_id:<n>" tokens under `logprobs` (an empty list there is
+    an answer too: a chunk whose text lagged behind its tokens). None: it did not."""
+    logprobs = choice.get("logprobs")
+    tokens: list[Any] = []
+    lps: list[float | None] = []
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("tokens"), list):
+        tokens = logprobs["tokens"]
+        lps = list(logprobs.get("token_logprobs") or [])
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+        return [int(t) for t in ids], lps if len(lps) == len(ids) else [None] * len(ids)
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
+        return None
+    if not all(isinstance(t, str) and t.startswith(TOKEN_ID_PREFIX) for t in tokens):
+        return None  # tokens as text: the upstream ignored return_tokens_as_token_ids
+    try:
+        parsed = [int(t[len(TOKEN_ID_PREFIX) :]) for t in tokens]
+    except ValueError:
+        return None
+    return parsed, lps if len(lps) == len(parsed) else [None] * len(parsed)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """How to tell an EOS finish from a stop-string or stop-token finish (both "stop" upstream)."""
+
+    eos_ids: frozenset[int]  # empty: unknown (no tokenizer folder)
+    ignore_eos: bool
+
+    def finish(self, choice: dict[str, Any], last_token_id: int | None) -> str:
+        reason = choice.get("finish_reason")
+        mapped = _FINISH.get(str(reason), "error")
+        if mapped != "stop" or self.ignore_eos or last_token_id is None:
+            return mapped
+        if self.eos_ids:
+            return "eos" if last_token_id in self.eos_ids else "stop"
+        # vLLM names what stopped it; None means the EOS (its token is the last one streamed).
+        return "eos" if "stop_reason" in choice and choice["stop_reason"] is None else "stop"
+
+
+def choice_events(
+    choice: dict[str, Any], retokenize: Callable[[str], list[int]] | None, rule: StopRule
+) -> list[TokenEvent]:
+    """One streamed choice as engine-API events: one per token, the chunk's text on its last token,
+    the finish reason on the last event (a token-less event when the finish came alone).
+
+    Without ids from the upstream, the chunk's text is re-tokenized (`retokenize`); those events
+    carry no logprob."""
+    text = str(choice.get("text") or "")
+    found = chunk_token_ids(choice)
+    if found is not None:
+        ids, logprobs = found
+    elif not text:
+        ids, logprobs = [], []
+    elif retokenize is None:
+        raise ParrotError(
+            "the upstream streamed no token ids and the adapter has no tokenizer to re-tokenize its text: "
+            "configure a tokenizer folder",
+            status=502,
+            field="tokenizer",
+        )
+    else:
+        ids = retokenize(text)
+        logprobs = [None] * len(ids)
+    events = [TokenEvent(token_id=t, logprob=lp) for t, lp in zip(ids, logprobs, strict=True)]
+    update: dict[str, Any] = {"text": text} if text else {}
+    upstream_reason = choice.get("finish_reason")
+    if upstream_reason is not None:
+        update["finish_reason"] = rule.finish(choice, ids[-1] if ids else None)
+        if update["finish_reason"] == "error":
+            update["error"] = f"upstream finish_reason {upstream_reason!r}"
+    if update and not events:
+        events.append(TokenEvent(token_id=None))
+    if update:
+        events[-1] = events[-1].model_copy(update=update)
+    return events
+
+
+def upstream_error(base_url: str, status: int, text: str) -> ParrotError:
+    """An upstream error answer (Parrot's, vLLM's or OpenAI's body) with its status and message."""
+    message, param = text or f"status {status}", None
+    try:
+        body = json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            message = str(err.get("message") or err.get("detail") or message)
+            param = err.get("field") or err.get("param")
+        elif isinstance(err, str):
+            message = err
+    where = f" (its field {param!r})" if param else ""
+    return ParrotError(f"upstream {base_url} answered {status}{where}: {message}", status=status)
+
+
+def eos_token_ids(folder: Path, tokenizer_eos_id: int | None) -> frozenset[int]:
+    """The model's EOS ids: the tokenizer's and those of config.json / generation_config.json."""
+    ids = {tokenizer_eos_id} if tokenizer_eos_id is not None else set()
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        if path.exists():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(int(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
+    return frozenset(ids)

@@ -1,0 +1,274 @@
+"""The OpenAI engine adapter over a real upstream: Parrot's own OpenAI-compatible server (a manager
+over a tiny-model engine) on 127.0.0.1, no mocks. A manager whose only engine is the adapter gives
+the builtin engine's greedy outputs; forks see their parent's tokens; errors name their field;
+an upstream that goes away is EngineUnavailable and the manager keeps serving on the others."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import LiveServer, serve_app, start_tiny_engine
+
+from parrot.engine.api import AsyncEngine
+from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.engine_client import EngineClient, EngineUnavailable
+from parrot.serve.manager import Manager
+from parrot.serve.openai_engine import OpenAIEngineClient
+from parrot.text import Tokenizer
+
+SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
+GUIDE = "You are a careful assistant. Read the part below and write one short line about it, nothing else. " * 2
+
+
+@contextmanager
+def upstream(engine: AsyncEngine, config: ManagerConfig | None = None) -> Iterator[str]:
+    """Parrot's OpenAI-compatible server over `engine`: the adapter's upstream."""
+    with serve_app(create_app(create_manager([engine], config=config))) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def upstream_engine(tiny_model_folder: Path) -> Iterator[AsyncEngine]:
+    engine = start_tiny_engine(tiny_model_folder)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def upstream_url(upstream_engine: AsyncEngine) -> Iterator[str]:
+    with upstream(upstream_engine) as url:
+        yield url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def adapter(url: str, folder: Path, **kwargs: object) -> OpenAIEngineClient:
+    return OpenAIEngineClient(url, api_key="k", tokenizer_folder=folder, **kwargs)  # type: ignore[arg-type]
+
+
+def map_call(var_id: str) -> CallSpec:
+    return CallSpec(
+        template=GUIDE + "Part: {{input:p}}\nLine:{{output:s}}",
+        bindings={"p": Binding(var_id=var_id)},
+        default_sampling=SMALL,
+    )
+
+
+async def run_dag(manager: Manager) -> list[str]:
+    """Two maps sharing a long instruction (the manager forks both from a cached prefix context),
+    then a reduce of their outputs: a 2-level DAG run without the client."""
+    created = manager.create_session("k")
+    session = manager.session(created.session_id, created.token)
+    reduce_call = CallSpec(
+        template="Join {{input:a}} and {{input:b}} into one line:{{output:j}}",
+        bindings={"a": Binding(var_id="c0~s"), "b": Binding(var_id="c1~s")},
+        default_sampling=SMALL,
+    )
+    parts = [
+        VariableSpec(var_id="p1", value="The river floods every spring."),
+        VariableSpec(var_id="p2", value="The harbor freezes every winter."),
+    ]
+    manager.submit(session, SubmitRequest(variables=parts, calls=[map_call("p1"), map_call("p2"), reduce_call]))
+    values = [(await manager.get_variable(session, v)).value for v in ("c0~s", "c1~s", "c2~j")]
+    await manager.delete_session(session)
+    await manager.drain()
+    return [str(v) for v in values]
+
+
+def test_a_dag_over_the_adapter_matches_the_builtin_engine(
+    upstream_url: str, tiny_engine: AsyncEngine, tiny_model_folder: Path
+) -> None:
+    async def main() -> None:
+        client = adapter(upstream_url, tiny_model_folder)
+        over_adapter = create_manager([client])
+        builtin = create_manager([tiny_engine])
+        for manager in (over_adapter, builtin):
+            await manager.start()
+        assert over_adapter.pool.models == ["tiny"]
+        assert over_adapter.pool.handles["e0"].max_model_len == 4096  # from the upstream's model card
+        got, expected = await run_dag(over_adapter), await run_dag(builtin)
+        assert got == expected and all(got), got
+        # The maps forked from one cached prefix context, which outlives the session by design.
+        [entry] = over_adapter.prefix_cache.entries("e0")
+        assert (await client.stats()).num_contexts == 1
+        assert client.context_info(entry.context_id).num_tokens == entry.num_tokens
+        for manager in (over_adapter, builtin):
+            await manager.stop()
+        stats = await client.stats()
+        assert [stats.num_contexts, stats.num_running, stats.num_blocks_free] == [0, 0, stats.num_blocks_total]
+        assert stats.num_decode_tokens == 3 * SMALL.max_tokens
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_fork_then_generate_sees_the_parents_tokens(
+    upstream_url: str, tiny_engine: AsyncEngine, tiny_model_folder: Path
+) -> None:
+    tok = Tokenizer(tiny_model_folder)
+    prompt, more = tok.encode("The capital of France is"), tok.encode(" and then")
+
+    async def steps(engine: EngineClient, prefix: str) -> list[list[TokenEvent]]:
+        """Fill a, generate into a; fork b from a with more tokens, generate; fork c from b in Generate."""
+        a, b, c = f"{prefix}a", f"{prefix}b", f"{prefix}c"
+        await engine.fill(FillRequest(context_id=a, token_ids=prompt))
+        runs = [[e async for e in engine.generate(GenerateRequest(context_id=a, sampling=SMALL))]]
+        await engine.fill(FillRequest(context_id=b, parent_context_id=a, token_ids=more))
+        runs.append([e async for e in engine.generate(GenerateRequest(context_id=b, sampling=SMALL))])
+        fork = GenerateRequest(context_id=c, parent_context_id=b, sampling=SMALL)
+        runs.append([e async for e in engine.generate(fork)])
+        for context_id in (a, b, c):
+            await engine.free_context(FreeContextRequest(context_id=context_id))
+        return runs
+
+    async def main() -> None:
+        client = adapter(upstream_url, tiny_model_folder)
+        got, expected = await steps(client, "x-"), await steps(tiny_engine, "ref-")
+        for g, e in zip(got, expected, strict=True):
+            assert [x.token_id for x in g if x.token_id is not None] == [x.token_id for x in e]
+            assert "".join(x.text for x in g) == "".join(x.text for x in e)
+            assert [x.finish_reason for x in g][-1] == e[-1].finish_reason == "length"
+            logprobs = [x.logprob for x in g if x.token_id is not None]
+            assert logprobs == pytest.approx([x.logprob for x in e], abs=1e-4)
+        # What the adapter held: b = a's prompt + a's 4 generated tokens + 3 more + b's 4 generated.
+        await client.fill(FillRequest(context_id="p", token_ids=prompt))
+        [_ async for _ in client.generate(GenerateRequest(context_id="p", sampling=SMALL))]
+        await client.fill(FillRequest(context_id="q", parent_context_id="p", token_ids=more))
+        info = client.context_info("q")
+        assert [info.parent_context_id, info.num_tokens] == ["p", len(prompt) + 4 + len(more)]
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_bad_requests_get_the_builtin_engines_errors(upstream_url: str, tiny_model_folder: Path) -> None:
+    async def status_field(coro: object) -> list[object]:
+        with pytest.raises(ParrotError) as info:
+            await coro  # type: ignore[misc]
+        return [info.value.status, info.value.field]
+
+    async def generate(client: OpenAIEngineClient, req: GenerateRequest) -> list[TokenEvent]:
+        return [e async for e in client.generate(req)]
+
+    async def main() -> None:
+        client = adapter(upstream_url, tiny_model_folder)
+        await client.fill(FillRequest(context_id="a", token_ids=[1, 2, 3]))
+        gen = GenerateRequest(context_id="nope", sampling=SMALL)
+        assert await status_field(generate(client, gen)) == [404, "context_id"]
+        await client.fill(FillRequest(context_id="empty", token_ids=[]))
+        duplicate = FillRequest(context_id="a", parent_context_id="empty", token_ids=[4])
+        assert await status_field(client.fill(duplicate)) == [409, "context_id"]
+        orphan = FillRequest(context_id="b", parent_context_id="nope", token_ids=[4])
+        assert await status_field(client.fill(orphan)) == [404, "parent_context_id"]
+        assert await status_field(client.free_context(FreeContextRequest(context_id="nope"))) == [404, "context_id"]
+        assert await status_field(client.fill(FillRequest(context_id="c", token_ids=[-1]))) == [400, "token_ids"]
+        empty = GenerateRequest(context_id="empty", sampling=SMALL)
+        assert await status_field(generate(client, empty)) == [400, "context_id"]
+        too_long = FillRequest(context_id="a", token_ids=[5] * 4094)
+        assert await status_field(client.fill(too_long)) == [400, "token_ids"]
+        # Free while generating: 409; once the reader closed the stream, the context goes.
+        stream = client.generate(GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=50)))
+        await anext(stream)
+        assert await status_field(client.free_context(FreeContextRequest(context_id="a"))) == [409, "context_id"]
+        await stream.aclose()  # type: ignore[attr-defined]
+        await client.free_context(FreeContextRequest(context_id="a"))
+        assert (await client.stats()).num_running == 0
+        # An upstream 4xx keeps its status and message: a token id outside the vocabulary...
+        vocab_size = Tokenizer(tiny_model_folder).vocab_size
+        await client.fill(FillRequest(context_id="v", token_ids=[vocab_size + 5]))
+        with pytest.raises(ParrotError) as info:
+            await generate(client, GenerateRequest(context_id="v", sampling=SMALL))
+        assert info.value.status == 400 and "outside the vocabulary" in info.value.message
+        assert client.context_info("v").num_tokens == 1  # unchanged
+        # A fork that a failed Generate was to create leaves nothing behind.
+        with pytest.raises(ParrotError):
+            await generate(client, GenerateRequest(context_id="w", parent_context_id="v", sampling=SMALL))
+        with pytest.raises(ParrotError) as info:
+            client.context_info("w")
+        assert [info.value.status, info.value.field] == [404, "context_id"]
+        # ... a refused key, and a model the upstream does not serve (checked at the first stats).
+        keyless = OpenAIEngineClient(upstream_url, tokenizer_folder=tiny_model_folder)
+        assert (await status_field(keyless.stats()))[0] == 401
+        wrong = adapter(upstream_url, tiny_model_folder, model="gpt-5")
+        assert await status_field(wrong.stats()) == [404, "model"]
+        for c in (client, keyless, wrong):
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_upstream_that_goes_away_is_unavailable_and_the_manager_keeps_serving(
+    upstream_engine: AsyncEngine, upstream_url: str, tiny_model_folder: Path
+) -> None:
+    # A second upstream over the same engine (no cached prefixes there, so no context ids collide).
+    doomed_server: AbstractContextManager[str] = upstream(upstream_engine, ManagerConfig(prefix_sharing=False))
+    doomed_url = doomed_server.__enter__()
+    config = ManagerConfig(heartbeat_interval_s=0.1, engine_dead_after_s=1.0)
+
+    async def main() -> None:
+        doomed, alive = adapter(doomed_url, tiny_model_folder), adapter(upstream_url, tiny_model_folder)
+        manager = create_manager([doomed, alive], config=config)
+        await manager.start()
+        before = await run_dag(manager)
+        await asyncio.to_thread(doomed_server.__exit__, None, None, None)
+        await doomed.fill(FillRequest(context_id="a", token_ids=[1, 2, 3]))  # contexts are the adapter's
+        with pytest.raises(EngineUnavailable):
+            [_ async for _ in doomed.generate(GenerateRequest(context_id="a", sampling=SMALL))]
+        with pytest.raises(EngineUnavailable):
+            await doomed.stats()
+        assert await run_dag(manager) == before  # re-dispatched to the live upstream if need be
+        deadline = time.monotonic() + 10
+        while manager.pool.handles["e0"].alive:
+            assert time.monotonic() < deadline, "the dead upstream's adapter was never declared dead"
+            await asyncio.sleep(0.05)
+        assert await run_dag(manager) == before
+        await manager.stop()
+        for c in (doomed, alive):
+            await c.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        doomed_server.__exit__(None, None, None)
+
+
+def test_register_an_openai_upstream_while_serving(server: LiveServer, upstream_url: str) -> None:
+    folder = str(server.engine.model_folder)
+    key = {"Authorization": "Bearer k"}
+    good = {"url": upstream_url, "kind": "openai", "model": "tiny", "tokenizer": folder, "api_key": "k"}
+    with httpx.Client(base_url=server.url, timeout=60, headers=key) as http:
+        faults = [
+            ({"url": upstream_url, "model": "tiny"}, 400, "model"),  # kind "parrot" says its own
+            (good | {"kind": "vllm"}, 400, "kind"),
+            (good | {"tokenizer": "/nonexistent"}, 400, "tokenizer"),
+            ({k: v for k, v in good.items() if k != "tokenizer"}, 400, "tokenizer"),  # Parrot's card has no root
+            (good | {"api_key": None}, 400, "api_key"),  # the upstream wants one
+            (good | {"model": "gpt-5"}, 404, "model"),
+            (good | {"url": f"http://127.0.0.1:{free_port()}"}, 400, "url"),
+        ]
+        for body, status, field in faults:
+            got = http.post("/v1/engines", json=body)
+            assert [got.status_code, got.json()["error"]["field"]] == [status, field], (body, got.text)
+        got = http.post("/v1/engines", json=good)
+        assert got.status_code == 201, got.text
+        assert [got.json()[k] for k in ("engine_id", "url", "model", "alive")] == ["e1", upstream_url, "tiny", True]
+        again = http.post("/v1/engines", json=good)
+        assert [again.status_code, again.json()["error"]["field"]] == [409, "url"]
+        handle = server.manager.pool.handles["e1"]
+        assert isinstance(handle.client, OpenAIEngineClient)
+        assert handle.tokenizer is server.manager.pool.handles["e0"].tokenizer  # one per folder

@@ -1,0 +1,115 @@
+"""The adapter's dialect, on hand-written chunks: vLLM's and Parrot's streamed choices become engine
+events (ids, logprobs, text, EOS vs stop), with the re-tokenizing fallback; error bodies keep
+their status and message; request bodies carry only the settings that say something."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from parrot.protocol.engine_api import TokenEvent
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve.openai_upstream import StopRule, choice_events, completion_body, upstream_error
+
+RULE = StopRule(eos_ids=frozenset({2}), ignore_eos=False)
+UNKNOWN_EOS = StopRule(eos_ids=frozenset(), ignore_eos=False)
+
+
+def vllm(text: str, ids: list[int], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A streamed choice as vLLM sends it with logprobs=0 and return_tokens_as_token_ids."""
+    tokens = [f"token_id:{t}" for t in ids]
+    logprobs = {"tokens": tokens, "token_logprobs": [-0.5] * len(ids), "top_logprobs": [], "text_offset": []}
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish} | extra
+
+
+def by_length(text: str) -> list[int]:
+    return [len(text)]  # a stand-in tokenizer: one token whose id is the text's length
+
+
+def test_token_ids_come_with_their_logprobs_and_the_text_on_the_last() -> None:
+    assert choice_events(vllm("ab", [7, 8]), None, RULE) == [
+        TokenEvent(token_id=7, logprob=-0.5),
+        TokenEvent(token_id=8, logprob=-0.5, text="ab"),
+    ]
+    # vLLM's `token_ids` field (return_token_ids) is read too.
+    assert choice_events({"text": "x", "token_ids": [5], "finish_reason": None}, None, RULE) == [
+        TokenEvent(token_id=5, text="x")
+    ]
+
+
+def test_eos_is_told_from_a_stop_by_the_token_or_by_vllms_stop_reason() -> None:
+    assert choice_events(vllm("", [2], "stop"), None, RULE)[-1].finish_reason == "eos"
+    assert choice_events(vllm("", [9], "stop"), None, RULE)[-1].finish_reason == "stop"
+    ignoring = StopRule(eos_ids=frozenset({2}), ignore_eos=True)
+    assert choice_events(vllm("", [2], "stop"), None, ignoring)[-1].finish_reason == "stop"
+    # Without a tokenizer's EOS ids: vLLM's stop_reason is None for an EOS, the stop otherwise.
+    cases = [({"stop_reason": None}, "eos"), ({"stop_reason": "###"}, "stop"), ({"stop_reason": 9}, "stop")]
+    for extra, reason in [*cases, ({}, "stop")]:
+        assert choice_events(vllm("", [9], "stop", **extra), None, UNKNOWN_EOS)[-1].finish_reason == reason, extra
+
+
+def test_a_finish_or_text_without_tokens_is_a_token_less_event() -> None:
+    assert choice_events(vllm("", [], "length"), None, RULE) == [TokenEvent(token_id=None, finish_reason="length")]
+    assert choice_events(vllm("held", []), None, RULE) == [TokenEvent(token_id=None, text="held")]
+    assert choice_events(vllm("", []), None, RULE) == []
+    assert choice_events(vllm("", [4], "abort"), None, RULE)[-1].finish_reason == "aborted"
+    odd = choice_events(vllm("", [4], "repetition"), None, RULE)[-1]
+    assert [odd.token_id, odd.finish_reason, odd.error] == [4, "error", "upstream finish_reason 'repetition'"]
+
+
+def test_without_ids_the_text_is_retokenized() -> None:
+    plain = {"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None}
+    assert choice_events(plain, by_length, RULE) == [TokenEvent(token_id=5, text="Hello")]
+    as_text = plain | {"logprobs": {"tokens": ["Hel", "lo"], "token_logprobs": [-1.0, -2.0]}}
+    assert choice_events(as_text, by_length, RULE) == [TokenEvent(token_id=5, text="Hello")]
+    assert choice_events(plain | {"text": ""}, None, RULE) == []
+    with pytest.raises(ParrotError) as info:
+        choice_events(plain, None, RULE)
+    assert [info.value.status, info.value.field] == [502, "tokenizer"]
+
+
+def test_upstream_errors_keep_status_and_message() -> None:
+    bodies = {
+        '{"error": {"message": "bad prompt", "type": "BadRequestError", "param": "prompt", "code": 400}}': (
+            "upstream http://u answered 400 (its field 'prompt'): bad prompt"
+        ),
+        '{"object": "error", "message": "old shape", "type": "BadRequestError", "code": 400}': (
+            "upstream http://u answered 400: old shape"
+        ),
+        '{"error": {"message": "unknown model", "field": "model", "status": 400}}': (
+            "upstream http://u answered 400 (its field 'model'): unknown model"
+        ),
+        "Bad Gateway": "upstream http://u answered 400: Bad Gateway",
+    }
+    for body, message in bodies.items():
+        error = upstream_error("http://u", 400, body)
+        assert [error.status, error.message, error.field] == [400, message, None]
+
+
+def test_request_bodies_send_extensions_only_when_they_say_something() -> None:
+    plain = completion_body("m", [1, 2], SamplingParams(), 5, ask_token_ids=False)
+    assert plain == {
+        "model": "m",
+        "prompt": [1, 2],
+        "max_tokens": 5,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sampling = SamplingParams(temperature=0.7, seed=3, stop=["##"], top_k=5, stop_token_ids=[9], ignore_eos=True)
+    full = completion_body("m", [1], sampling, 4, ask_token_ids=True)
+    assert {k: v for k, v in full.items() if k not in plain or plain[k] != v} == {
+        "prompt": [1],
+        "max_tokens": 4,
+        "temperature": 0.7,
+        "seed": 3,
+        "stop": ["##"],
+        "top_k": 5,
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
