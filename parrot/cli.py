@@ -1,6 +1,8 @@
 """Command line: `parrot serve | engine | chat` (`make demo` runs `python -m examples`).
 
 parrot serve   # manager + builtin engine on the default model (embedded mode), HTTP on :8000
+parrot serve --no-builtin --openai-engine http://127.0.0.1:8001 --openai-tokenizer smollm2-135m
+               # the manager over a vLLM server (any OpenAI-compatible one) instead
 parrot engine  # a builtin engine alone, serving the engine API (to join a manager by URL)
 parrot chat "question"   # one streamed chat completion on the builtin engine, with speeds
 parrot demo    # embedded mode + the example applications on a public-domain document
@@ -47,10 +49,11 @@ def _wait_forever(stop: object) -> None:
 
 
 def cmd_serve(a: argparse.Namespace) -> None:
-    from parrot.launch import start_embedded
+    from parrot.launch import OpenAIUpstream, start_embedded
     from parrot.serve.config import ManagerConfig
 
     configs = [] if a.no_builtin else [_engine_config(a)]
+    upstreams = [OpenAIUpstream(u, a.openai_model, a.openai_tokenizer, a.openai_api_key) for u in a.openai_engine]
     manager_config = ManagerConfig(
         api_keys=tuple(a.api_key),
         policy=a.policy,
@@ -58,7 +61,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
         objective_deduction=not a.no_objective_deduction,
         tpot_target_ms=a.tpot_target_ms,
     )
-    emb = start_embedded(configs, a.engine_url, manager_config, a.host, a.port)
+    emb = start_embedded(configs, a.engine_url, manager_config, a.host, a.port, upstreams)
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs)", flush=True)
     _wait_forever(emb.stop)
 
@@ -126,7 +129,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--engine-url", action="append", default=[], help="also use an engine started elsewhere")
-    p.add_argument("--no-builtin", action="store_true", help="no builtin engine: only --engine-url engines")
+    p.add_argument(
+        "--openai-engine",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also use an OpenAI-compatible server (vLLM) as an engine, through the adapter",
+    )
+    p.add_argument("--openai-model", help="the --openai-engine model name (default: the first it lists)")
+    p.add_argument(
+        "--openai-tokenizer",
+        help="the --openai-engine model's tokenizer: a local folder or a model name (smollm2-135m); "
+        "default: the upstream model card's root, when that is a folder here",
+    )
+    p.add_argument("--openai-api-key", help="the --openai-engine API key")
+    p.add_argument(
+        "--no-builtin", action="store_true", help="no builtin engine: only --engine-url / --openai-engine engines"
+    )
     p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
     p.add_argument("--policy", default="app_centric", choices=["app_centric", "fifo"], help="scheduling policy")
     p.add_argument("--no-prefix-sharing", action="store_true", help="never fork calls from cached prefixes")

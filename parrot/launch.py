@@ -2,20 +2,45 @@
 
 This is the one module that wires `parrot.serve` to `parrot.engine` (the layers never import each
 other): it builds AsyncEngine(s), hands them to the manager as EngineClients, and serves the app.
-Engines started separately join by URL (`--engine-url`).
+Engines started separately join by URL (`--engine-url`); OpenAI-compatible servers such as vLLM
+join through the adapter (`--openai-engine`, parrot/serve/openai_engine.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
+from parrot.engine.model.loader import resolve_model_folder
 from parrot.engine.server.launch import ServerThread
 from parrot.serve.app import create_app
 from parrot.serve.config import ManagerConfig
 from parrot.serve.engine_client import EngineClient, HttpEngineClient
 from parrot.serve.manager import Manager, create_manager
+from parrot.serve.openai_engine import OpenAIEngineClient
+
+
+@dataclass(frozen=True)
+class OpenAIUpstream:
+    """An OpenAI-compatible completion server (vLLM) to serve through the engine adapter.
+
+    `tokenizer`: a local folder with the model's tokenizer, or a model name this machine resolves
+    (`smollm2-135m`: the default model's folder); None: the upstream model card's `root`, when
+    that is a folder here (vLLM started on this machine with `--model <folder>`)."""
+
+    url: str
+    model: str | None = None
+    tokenizer: str | None = None
+    api_key: str | None = None
+
+    def client(self) -> OpenAIEngineClient:
+        folder = None
+        if self.tokenizer is not None:
+            path = Path(self.tokenizer)
+            folder = path if (path / "tokenizer.json").is_file() else resolve_model_folder(self.tokenizer)
+        return OpenAIEngineClient(self.url, self.model, self.api_key, folder)
 
 
 @dataclass
@@ -48,13 +73,16 @@ def start_embedded(
     manager_config: ManagerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    openai_upstreams: list[OpenAIUpstream] | None = None,
 ) -> Embedded:
+    clients: list[EngineClient] = [HttpEngineClient(u) for u in engine_urls or []]
+    clients += [u.client() for u in openai_upstreams or []]
     engines = [AsyncEngine(cfg) for cfg in (engine_configs if engine_configs is not None else [EngineConfig()])]
+    clients = [*engines, *clients]
+    if not clients:
+        raise ValueError("at least one engine (builtin, by URL or an OpenAI-compatible upstream) is needed")
     for e in engines:
         e.start()
-    clients: list[EngineClient] = [*engines, *(HttpEngineClient(u) for u in engine_urls or [])]
-    if not clients:
-        raise ValueError("at least one engine (builtin or by URL) is needed")
     manager = create_manager(clients, config=manager_config)
     server = ServerThread(create_app(manager), host=host, port=port)
     try:

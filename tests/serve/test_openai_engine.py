@@ -17,6 +17,7 @@ import pytest
 from live_server import LiveServer, serve_app, start_tiny_engine
 
 from parrot.engine.api import AsyncEngine
+from parrot.launch import OpenAIUpstream, start_embedded
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
@@ -272,3 +273,17 @@ def test_register_an_openai_upstream_while_serving(server: LiveServer, upstream_
         handle = server.manager.pool.handles["e1"]
         assert isinstance(handle.client, OpenAIEngineClient)
         assert handle.tokenizer is server.manager.pool.handles["e0"].tokenizer  # one per folder
+
+
+def test_embedded_mode_serves_over_an_openai_upstream(upstream_url: str, tiny_model_folder: Path) -> None:
+    """`parrot serve --no-builtin --openai-engine URL ...`: the launcher's path, without a builtin engine."""
+    attached = OpenAIUpstream(upstream_url, model="tiny", tokenizer=str(tiny_model_folder), api_key="k")
+    with start_embedded([], openai_upstreams=[attached]) as embedded:
+        assert embedded.engines == []
+        request = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0}
+        texts = []
+        for url in (embedded.url, upstream_url):  # through the adapter; the upstream itself
+            got = httpx.post(f"{url}/v1/completions", json=request, headers={"Authorization": "Bearer k"}, timeout=60)
+            assert got.status_code == 200, got.text
+            texts.append(got.json()["choices"][0]["text"])
+        assert texts[0] == texts[1] and texts[0]
