@@ -1,9 +1,11 @@
 """Serving configurations for the application benchmarks: live endpoints on loopback, in this process.
 
-`LocalServer` owns one builtin engine, a manager over it, and the manager's HTTP app served by
-uvicorn on a background thread (lifespan on, so the manager starts and stops with the server).
-`KvMonitor` samples an engine's stats while a workload runs (peak KV blocks, tokens generated).
-The probes ask an endpoint what it supports (`ignore_eos` on the OpenAI routes, prefix reuse).
+A `ManagerServer` is a manager over one engine with its HTTP app served by uvicorn on a background
+thread (lifespan on, so the manager starts and stops with the server). `LocalServer` owns a
+builtin engine; `UpstreamServer`'s engine is an OpenAI-compatible server (real vLLM) through the
+manager's adapter (parrot/serve/openai_engine.py): Parrot over vLLM. `KvMonitor` samples the
+engine's stats while a workload runs (peak KV blocks, tokens generated). The probes ask an
+endpoint what it supports (`ignore_eos` on the OpenAI routes, prefix reuse).
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
 
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
+from parrot.launch import OpenAIUpstream
 from parrot.protocol.engine_api import EngineStats
-from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve import EngineClient, ManagerConfig, create_app, create_manager
+from parrot.serve.openai_engine import OpenAIEngineClient
 
 API_KEY = "bench"
 
@@ -31,21 +36,44 @@ class ServerSpec:
     manager: ManagerConfig
 
 
-class LocalServer:
-    def __init__(self, spec: ServerSpec) -> None:
-        self.spec = spec
-        self.engine = AsyncEngine(spec.engine)
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """A manager whose one engine is an OpenAI-compatible upstream (real vLLM), through the adapter."""
+
+    name: str
+    upstream: OpenAIUpstream
+    manager: ManagerConfig
+
+
+class ManagerServer:
+    """A manager over one engine, served on 127.0.0.1 (an OS-picked port) while started."""
+
+    kv_reported = True  # whether stats() counts the engine's own KV blocks
+
+    def __init__(self, name: str, manager: ManagerConfig) -> None:
+        self.name = name
+        self.manager_config = manager
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
 
     @property
     def model(self) -> str:
-        return self.engine.model_name
+        raise NotImplementedError
 
-    def start(self, timeout_s: float = 120.0) -> LocalServer:
-        self.engine.start()
-        manager = create_manager([self.engine], config=self.spec.manager)
+    def _engine(self) -> EngineClient:
+        """Started and ready for the manager."""
+        raise NotImplementedError
+
+    def _stop_engine(self) -> None:
+        return None
+
+    def stats(self) -> EngineStats:
+        """The engine's stats, read from another thread than the manager's."""
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 120.0) -> ManagerServer:
+        manager = create_manager([self._engine()], config=self.manager_config)
         config = uvicorn.Config(
             create_app(manager),
             host="127.0.0.1",
@@ -55,13 +83,13 @@ class LocalServer:
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"bench-{self.spec.name}", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name=f"bench-{self.name}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.engine.stop()
-                raise RuntimeError(f"server {self.spec.name} did not start")
+                self._stop_engine()
+                raise RuntimeError(f"server {self.name} did not start")
             time.sleep(0.02)
         port = self._server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
@@ -71,10 +99,7 @@ class LocalServer:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=30)
-        self.engine.stop()
-
-    def stats(self) -> EngineStats:
-        return self.engine.engine.stats()
+        self._stop_engine()
 
     def wait_idle(self, timeout_s: float = 60.0) -> EngineStats:
         """Until the engine has no running or waiting work (contexts of finished calls are freed later)."""
@@ -86,10 +111,64 @@ class LocalServer:
             time.sleep(0.02)
 
 
+class LocalServer(ManagerServer):
+    """The manager over a builtin engine of its own."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        super().__init__(spec.name, spec.manager)
+        self.spec = spec
+        self.engine = AsyncEngine(spec.engine)
+
+    @property
+    def model(self) -> str:
+        return self.engine.model_name
+
+    def _engine(self) -> EngineClient:
+        self.engine.start()
+        return self.engine
+
+    def _stop_engine(self) -> None:
+        self.engine.stop()
+
+    def start(self, timeout_s: float = 120.0) -> LocalServer:
+        super().start(timeout_s)
+        return self
+
+    def stats(self) -> EngineStats:
+        return self.engine.engine.stats()
+
+
+class UpstreamServer(ManagerServer):
+    """The manager over an OpenAI-compatible upstream through the adapter. Its stats are the
+    adapter's: tokens streamed, prompt tokens the upstream reported computing, running generations;
+    its KV blocks are the adapter's token bookkeeping, not the upstream's cache (not reported)."""
+
+    kv_reported = False
+
+    def __init__(self, spec: UpstreamSpec) -> None:
+        super().__init__(spec.name, spec.manager)
+        self.spec = spec
+        self.client: OpenAIEngineClient = spec.upstream.client()
+
+    @property
+    def model(self) -> str:
+        return self.stats().model
+
+    def _engine(self) -> EngineClient:
+        return self.client
+
+    def start(self, timeout_s: float = 120.0) -> UpstreamServer:
+        super().start(timeout_s)
+        return self
+
+    def stats(self) -> EngineStats:
+        return self.client.snapshot()
+
+
 class KvMonitor:
     """Samples an engine's stats every `interval_s` on a thread, between `start()` and `stop()`."""
 
-    def __init__(self, server: LocalServer, interval_s: float = 0.05) -> None:
+    def __init__(self, server: ManagerServer, interval_s: float = 0.05) -> None:
         self.server = server
         self.interval_s = interval_s
         self.first: EngineStats | None = None
@@ -156,7 +235,7 @@ def accepts_ignore_eos(url: str, model: str) -> bool:
 def cached_prompt_tokens(url: str, model: str, prompt: str) -> int:
     """Send `prompt` twice through `/v1/completions`; the second answer's `cached_tokens` (0 when the
     endpoint does not reuse prefixes across requests)."""
-    usage = {}
+    usage: dict[str, Any] = {}
     for _ in range(2):
         response = _completion(url, {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0})
         response.raise_for_status()

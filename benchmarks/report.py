@@ -85,18 +85,33 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
     return {"gpts_threshold_ms": threshold, "gpts_rates": rates, "gpts_sustainable_rate": sustainable}
 
 
+# (baseline, the Parrot configuration on the same engine): a ratio column each, after those vs Parrot.
+SAME_ENGINE_PAIRS = (("d", "parrot_vllm"),)
+
+
+def ratio_columns(configs: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(baseline's index, reference's index, header) of each ratio column: every configuration
+    against Parrot (the first), then each baseline against the Parrot that runs on its engine."""
+    keys = [c["key"] for c in configs]
+    columns = [(i, 0, f"{c['label'].split()[0]}/Parrot") for i, c in enumerate(configs) if i > 0]
+    for baseline, reference in SAME_ENGINE_PAIRS:
+        if baseline in keys and reference in keys:
+            i, j = keys.index(baseline), keys.index(reference)
+            columns.append((i, j, f"{configs[i]['label'].split()[0]}/{configs[j]['label'].split()[0]}"))
+    return columns
+
+
 def render_table(results: dict[str, Any]) -> str:
     configs = main_configs(results)
-    baselines = [c for c in configs if c["key"] != "parrot"]
+    columns = ratio_columns(configs)
     head = ["workload", "metric", *(c["label"] for c in configs)]
-    head += [f"{c['label'].split()[0]}/Parrot" for c in baselines] + ["runs", "paper"]
+    head += [header for _, _, header in columns] + ["runs", "paper"]
     rows = [head, ["---"] * len(head)]
     paper = results.get("paper_results", {})
     for s in results["scenarios"]:
         for m in s["metrics"]:
             values = [value(results, s["key"], c["key"], m["key"]) for c in configs]
-            parrot = values[0]
-            ratios = [ratio(v, parrot, m["lower_is_better"]) for v in values[1:]]
+            ratios = [ratio(values[i], values[j], m["lower_is_better"]) for i, j, _ in columns]
             rows.append(
                 [
                     s["label"],
@@ -118,10 +133,10 @@ def _sustainable_row(derived: dict[str, Any], configs: list[dict[str, Any]], pap
     and Parrot's ratio against it as a lower bound."""
     lowest = derived["gpts_rates"][0]
     rates = [derived["gpts_sustainable_rate"].get(c["key"]) for c in configs]
-    parrot = rates[0]
     shown = [f"< {lowest:g}" if r == 0 else fmt(r) for r in rates]
     ratios = []
-    for r in rates[1:]:
+    for i, j, _ in ratio_columns(configs):
+        r, parrot = rates[i], rates[j]
         if r == 0 and parrot:
             ratios.append(f"> {parrot / lowest:.2f}x")
         else:
@@ -219,6 +234,11 @@ def render_markdown(results: dict[str, Any]) -> str:
         "Parrot submission. Ratios are baseline / Parrot (above 1: Parrot is faster). Every run's outputs were "
         "checked: the engine generated exactly the tokens the app's calls asked for (EOS ignored).",
         "",
+    ]
+    pairs = [h for i, j, h in ratio_columns(main_configs(results)) if j != 0]
+    if pairs:
+        lines += [f"Also {', '.join(pairs)}: a baseline against Parrot serving over that same engine.", ""]
+    lines += [
         render_table(results),
     ]
     ablations = render_ablations(results)
@@ -264,8 +284,9 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         metric = points[0][1]["metrics"][0]
         fig, ax = plt.subplots(figsize=(4.5, 3.2))
         for i, c in enumerate(configs):
-            xs = [x for x, s in points if value(results, s["key"], c["key"], metric["key"]) is not None]
-            ys = [value(results, s["key"], c["key"], metric["key"]) for x, s in points if x in xs]
+            measured = [(x, value(results, s["key"], c["key"], metric["key"])) for x, s in points]
+            xs = [x for x, v in measured if v is not None]
+            ys = [v for _, v in measured if v is not None]
             if xs:
                 ax.plot(xs, ys, marker="os^vD*"[i % 6], label=c["label"])
         ax.set_xlabel(points[0][1]["xlabel"])

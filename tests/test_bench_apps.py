@@ -14,12 +14,13 @@ from benchmarks.apps.common import Corpus, Scenario
 from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
 from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
-from benchmarks.deploy import LocalServer, ServerSpec
+from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table
-from benchmarks.run import Context, run_unit
+from benchmarks.run import Context, parrot_over, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from parrot.engine.config import EngineConfig
+from parrot.launch import OpenAIUpstream
 from parrot.serve import ManagerConfig
 from parrot.text import Tokenizer
 
@@ -297,3 +298,47 @@ def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: Loca
         assert record["metrics"]["jct_s"] > 0.02  # at least one simulated round trip
     assert [parrot["round_trips"], no_dag["round_trips"], baseline["round_trips"]] == [1, 2, 4]
     assert tiny_server.wait_idle().num_running == 0
+
+
+def test_parrot_over_an_openai_upstream_runs_an_app(tiny_server: LocalServer) -> None:
+    """The Parrot+vLLM configuration's path (`--with-vllm`), with Parrot's own OpenAI routes standing
+    in for vLLM: a manager whose one engine is the adapter runs the SDK app; tokens are counted by
+    the adapter; no KV peak is recorded (the adapter holds no KV)."""
+    folder = tiny_server.engine.model_folder
+    upstream = OpenAIUpstream(tiny_server.url, tiny_server.model, str(folder), api_key=API_KEY)
+    parrot = ServerSpec("parrot", tiny_server.spec.engine, ManagerConfig())
+    over = UpstreamServer(parrot_over(upstream, parrot)).start()
+    try:
+        assert [over.model, over.kv_reported] == ["tiny", False]
+        params = map_reduce.Params(chunk_tokens=24, output_tokens=5, num_chunks=3)
+        key = "mr/tiny"
+        scenario = Scenario(map_reduce.NAME, key, "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
+        ctx = Context(
+            scale=QUICK,
+            corpus=TinyCorpus(Tokenizer(folder)),
+            rtt=RttModel((20.0,)),
+            servers={"parrot_vllm": over},
+            clients={"parrot_vllm": lambda: SessionClient(over.url)},
+            client_kind={"parrot_vllm": "sessions"},
+            timeout_s=120.0,
+        )
+        record = asyncio.run(run_unit(scenario, Config("parrot_vllm", "Parrot+vLLM", "parrot_vllm", True), ctx))
+        assert "error" not in record, record.get("error")
+        assert record["expected_output_tokens"] == record["generated_tokens"] == 20
+        assert record["prefill_tokens"] > 0 and "peak_kv_tokens" not in record
+        assert tiny_server.stats().num_decode_tokens >= 20  # the upstream did the generating
+    finally:
+        over.stop()
+
+
+def test_table_compares_vllm_with_parrot_over_vllm() -> None:
+    results = _results()
+    results["configs"].insert(3, {"key": "parrot_vllm", "label": "Parrot+vLLM", "ablation": False})
+    results["configs"].insert(4, {"key": "d", "label": "(d) vLLM", "ablation": False})
+    results["records"] += [
+        {"scenario": "chain", "config": "parrot_vllm", "metrics": {"jct_s": 3.0}},
+        {"scenario": "chain", "config": "d", "metrics": {"jct_s": 4.5}},
+    ]
+    lines = render_table(results).splitlines()
+    assert lines[0].endswith("| Parrot+vLLM/Parrot | (d)/Parrot | (d)/Parrot+vLLM | runs | paper |")
+    assert "| 4.00 | 6.00 | — | 3.00 | 4.50 | 1.50x | — | 0.75x | 1.12x | 1.50x | 0 |" in lines[2]
