@@ -19,7 +19,11 @@ always, the ones the upstream sampled (a chunk of several tokens, or a character
 chunks, may tokenize differently), so a later fork may continue from a slightly different
 sequence than the upstream's own.
 
-Not forwarded: Fill/Generate's objective and priority (an OpenAI request has no such fields).
+Events follow the builtin engine's (one per token; `text` what it completes; the last has the
+finish reason, "eos" told from "stop" by the model's EOS ids), except that a finish arriving in a
+chunk of its own (Parrot's own server sends one) comes as a last event without a token. Work on a
+context waits for a generation streaming into it, as the builtin engine queues it. Not
+forwarded: Fill/Generate's objective and priority (an OpenAI request has no such fields).
 The stats are what the adapter knows: its contexts and running generations, tokens streamed,
 prompt tokens the upstream reported computing (usage minus cached), time between streamed tokens.
 Its "KV blocks" count the token lists it holds against `max_held_tokens` (the manager's prefix
@@ -34,10 +38,11 @@ thread (benchmarks): it reads counters only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +97,7 @@ class OpenAIEngineClient:
         max_model_len: int | None = None,
         *,
         ask_token_ids: bool = True,
-        max_held_tokens: int = 1 << 24,
+        max_held_tokens: int = 1 << 22,
         timeout_s: float = 600.0,
     ) -> None:
         base = base_url.rstrip("/")
@@ -176,8 +181,8 @@ class OpenAIEngineClient:
 
     # ---- the engine API ---------------------------------------------------------------------------
     async def fill(self, req: FillRequest) -> FillResult:
-        await self._settle(req.context_id, req.parent_context_id)
         info = await self.info()
+        await self._settle(req.context_id, req.parent_context_id)  # no await from here on
         bad = next((t for t in req.token_ids if t < 0), None)
         if bad is not None:  # larger ids are the upstream's to refuse: it knows the model's vocabulary
             raise ParrotError(f"token id {bad} is negative", field="token_ids")
@@ -197,8 +202,8 @@ class OpenAIEngineClient:
         )
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        await self._settle(req.context_id, req.parent_context_id)
         info = await self.info()
+        await self._settle(req.context_id, req.parent_context_id)  # no await until it is marked generating
         self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
         is_new = req.parent_context_id is not None
         ctx = self._open(req.context_id, req.parent_context_id)
@@ -219,12 +224,14 @@ class OpenAIEngineClient:
         self._num_running += 1
         num_events = 0
         try:
-            async for event in self._stream(body, rule, retokenize, len(ctx.token_ids)):
-                if event.token_id is not None and event.finish_reason != "eos":  # EOS stays out of the context
-                    ctx.token_ids.append(event.token_id)
-                    self._num_held_tokens += 1
-                num_events += 1
-                yield event
+            # Closed explicitly, so an early close here drops the upstream request at once (vLLM aborts it).
+            async with contextlib.aclosing(self._stream(body, rule, retokenize, len(ctx.token_ids))) as events:
+                async for event in events:
+                    if event.token_id is not None and event.finish_reason != "eos":  # EOS stays out of the context
+                        ctx.token_ids.append(event.token_id)
+                        self._num_held_tokens += 1
+                    num_events += 1
+                    yield event
         except BaseException:
             if is_new and num_events == 0:
                 self._drop(req.context_id)  # a fork that produced nothing leaves nothing behind
@@ -236,18 +243,20 @@ class OpenAIEngineClient:
 
     async def _stream(
         self, body: dict[str, Any], rule: StopRule, retokenize: Callable[[str], list[int]] | None, prompt_len: int
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         """The upstream's streamed completion as events. The finishing event waits for the end of the
         stream (the usage chunk and `[DONE]` follow at once), so the connection is reused."""
         finished: TokenEvent | None = None
-        usage_seen = started = False
+        usage: dict[str, Any] | None = None  # the last reported (some servers report it on every chunk)
+        started = False
         last_token_at: float | None = None
         try:
             async with self._http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code >= 400:
                     raise upstream_error(self.base_url, resp.status_code, (await resp.aread()).decode(errors="replace"))
                 async for chunk in _sse_chunks(resp, self.base_url):
-                    usage_seen |= self._count_usage(chunk)
+                    if isinstance(chunk.get("usage"), dict):
+                        usage = chunk["usage"]
                     if finished is not None:
                         continue
                     if chunk.get("error") is not None:
@@ -272,8 +281,7 @@ class OpenAIEngineClient:
                         yield event
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
-        if not usage_seen:
-            self._num_prefill_tokens += prompt_len
+        self._num_prefill_tokens += _computed_prompt_tokens(usage, prompt_len)
         if finished is None:
             raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
         yield finished
@@ -333,16 +341,6 @@ class OpenAIEngineClient:
         if ctx is not None:
             self._num_held_tokens -= len(ctx.token_ids)
 
-    def _count_usage(self, chunk: dict[str, Any]) -> bool:
-        """Prompt tokens the upstream computed: its usage less its cached tokens. True if reported."""
-        usage = chunk.get("usage")
-        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            return False
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-        self._num_prefill_tokens += usage["prompt_tokens"] - int(cached or 0)
-        return True
-
     async def _get(self, path: str) -> Any:
         try:
             resp = await self._http.get(path)
@@ -379,3 +377,12 @@ def _error_status(chunk: dict[str, Any]) -> int:
     error = chunk.get("error")
     status = error.get("status") or error.get("code") if isinstance(error, dict) else None
     return status if isinstance(status, int) and 400 <= status < 600 else 500
+
+
+def _computed_prompt_tokens(usage: dict[str, Any] | None, prompt_len: int) -> int:
+    """Prompt tokens the upstream computed: its usage less its cached tokens (all, if unreported)."""
+    if usage is None or not isinstance(usage.get("prompt_tokens"), int):
+        return prompt_len
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return int(usage["prompt_tokens"]) - int(cached or 0)

@@ -157,7 +157,9 @@ def test_fork_then_generate_sees_the_parents_tokens(
     asyncio.run(main())
 
 
-def test_bad_requests_get_the_builtin_engines_errors(upstream_url: str, tiny_model_folder: Path) -> None:
+def test_bad_requests_get_the_builtin_engines_errors(
+    upstream_engine: AsyncEngine, upstream_url: str, tiny_model_folder: Path
+) -> None:
     async def status_field(coro: object) -> list[object]:
         with pytest.raises(ParrotError) as info:
             await coro  # type: ignore[misc]
@@ -182,13 +184,21 @@ def test_bad_requests_get_the_builtin_engines_errors(upstream_url: str, tiny_mod
         assert await status_field(generate(client, empty)) == [400, "context_id"]
         too_long = FillRequest(context_id="a", token_ids=[5] * 4094)
         assert await status_field(client.fill(too_long)) == [400, "token_ids"]
-        # Free while generating: 409; once the reader closed the stream, the context goes.
-        stream = client.generate(GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=50)))
+        # Free while generating: 409; once the reader closed the stream, the context goes, and the
+        # upstream stops generating (the request is dropped, not read to its end).
+        decoded_before = upstream_engine.engine.stats().num_decode_tokens
+        long = SamplingParams(max_tokens=2000, ignore_eos=True)
+        stream = client.generate(GenerateRequest(context_id="a", sampling=long))
         await anext(stream)
         assert await status_field(client.free_context(FreeContextRequest(context_id="a"))) == [409, "context_id"]
         await stream.aclose()  # type: ignore[attr-defined]
         await client.free_context(FreeContextRequest(context_id="a"))
         assert (await client.stats()).num_running == 0
+        deadline = time.monotonic() + 10
+        while upstream_engine.engine.stats().num_running:
+            assert time.monotonic() < deadline, "the upstream kept generating for a closed stream"
+            await asyncio.sleep(0.02)
+        assert upstream_engine.engine.stats().num_decode_tokens - decoded_before < 2000
         # An upstream 4xx keeps its status and message: a token id outside the vocabulary...
         vocab_size = Tokenizer(tiny_model_folder).vocab_size
         await client.fill(FillRequest(context_id="v", token_ids=[vocab_size + 5]))
