@@ -32,15 +32,19 @@ class ParrotEngineProbe:
         return f"bench{self._n}"
 
     def measure_prefill(self, lengths: list[int], repeats: int = 2) -> dict[int, float]:
-        """Prompt tokens per second: fill + first token, best of `repeats` (distinct prompts)."""
+        """Prompt tokens per second: prompt in, first token out (fill and generate submitted
+        together, as a client does), best of `repeats` (distinct prompts)."""
         out: dict[int, float] = {}
         for n in lengths:
             best = float("inf")
             for _ in range(repeats + 1):  # the first run warms up
                 cid = self._cid()
                 t0 = time.perf_counter()
-                blocking.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
-                blocking.generate(self.engine, GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1)))
+                blocking.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+                sampling = SamplingParams(max_tokens=1)
+                blocking.wait_generate(
+                    blocking.submit_generate(self.engine, GenerateRequest(context_id=cid, sampling=sampling))
+                )
                 best = min(best, time.perf_counter() - t0)
                 self.engine.free_context(FreeContextRequest(context_id=cid))
             out[n] = n / best

@@ -19,6 +19,7 @@ class EngineConfig:
     policy: str = "priority"  # registered ordering policy (see sched/policy.py)
     aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
     attention: str = "shared_prefix"  # registered backend (attention/registry.py); "paged" = per-context
+    cpu_kernels: bool = True  # native bf16 kernels for small decode steps (parrot.engine.kernels)
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     name: str | None = None  # model name reported to clients; default: derived from `model`
 

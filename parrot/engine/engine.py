@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from parrot.engine import kernels
 from parrot.engine.attention.registry import make_backend
 from parrot.engine.config import EngineConfig
 from parrot.engine.generation import accept_token, begin_generation
@@ -51,6 +52,9 @@ class LLMEngine:
         self.model_folder: Path = resolve_model_folder(config.model)
         self.model_name = config.name or (config.model if not Path(config.model).exists() else self.model_folder.name)
         dtype = DTYPES[config.dtype]
+        kernels.set_enabled(config.cpu_kernels)  # a process-wide switch: the last engine's setting wins
+        if config.cpu_kernels and dtype == torch.bfloat16:
+            kernels.load()
         self.model = load_model(self.model_folder, dtype)
         self.tokenizer = Tokenizer(self.model_folder)
         mc = self.model.cfg
@@ -76,10 +80,8 @@ class LLMEngine:
         self._stopping = False
         self._num_steps = self._num_prefill_tokens = self._num_decode_tokens = 0
         self._tpot_ms = 0.0
-        self._step_ms: dict[int, float] = {}
-        self._aborted: set[int] = (
-            set()
-        )  # job ids to end before the next step  # capacity profile: bucket -> EMA of step time
+        self._step_ms: dict[int, float] = {}  # capacity profile: tokens bucket -> EMA of step ms
+        self._aborted: set[int] = set()  # job ids to end before the next step
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -271,28 +273,22 @@ class LLMEngine:
             job, ctx = s.job, self.contexts.get(s.job.context_id)
             ctx.num_computed += s.num_new
             if job.kind is JobKind.FILL:
-                job.num_filled += s.num_new
+                job.num_filled += s.num_new - (s.sample_for is not None)  # not the handed-over token
                 self._num_prefill_tokens += s.num_new
+                self._end_fill_if_done(job)  # before a handed-over Generate appends its token
             elif s.num_new > 1 or not s.sample:
                 self._num_prefill_tokens += s.num_new
             if s.sample:
                 num_decode += 1
                 token, logprob = next(sampled)
-                event = accept_token(job, ctx, token, logprob, self.eos_ids, self.max_model_len)
+                gen = s.sampler_job
+                event = accept_token(gen, ctx, token, logprob, self.eos_ids, self.max_model_len)
                 if event.finish_reason is not None:
-                    self.scheduler.finish(job)
-                job.emit(event)
-        for s in plan.seqs:  # fills that reached their target (including empty ones)
-            job = s.job
-            if job.kind is JobKind.FILL and not job.finished:
-                ctx = self.contexts.get(job.context_id)
-                if ctx.num_computed >= job.target:
-                    self.scheduler.finish(job)
-                    job.emit(
-                        FillResult(
-                            context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled
-                        )
-                    )
+                    self.scheduler.finish(gen)
+                gen.emit(event)
+        for s in plan.seqs:  # fills with nothing left to compute
+            if s.job.kind is JobKind.FILL:
+                self._end_fill_if_done(s.job)
         num_tokens = sum(s.num_new for s in seqs)
         if num_tokens:
             bucket = 1 << (num_tokens - 1).bit_length()
@@ -303,6 +299,12 @@ class LLMEngine:
             self._num_decode_tokens += num_decode
             ms = elapsed * 1000.0
             self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
+
+    def _end_fill_if_done(self, job: Job) -> None:
+        ctx = self.contexts.get(job.context_id)
+        if not job.finished and ctx.num_computed >= job.target:
+            self.scheduler.finish(job)
+            job.emit(FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled))
 
     def _end_aborted(self) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:

@@ -52,9 +52,10 @@ class ModelRunner:
             specs.append(SeqSpec(s.num_new, end, ctx.block_table))
             row += s.num_new
             if s.sample:
-                assert s.job.sample_row is not None
+                sample_row = s.sampler_job.sample_row
+                assert sample_row is not None
                 sample_rows.append(row - 1)
-                rows.append(s.job.sample_row)
+                rows.append(sample_row)
         input_ids = torch.tensor(ids, dtype=torch.long)
         positions = torch.cat(pos_parts)
         self.backend.prepare(specs, torch.cat(slot_parts))

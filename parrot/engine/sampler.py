@@ -33,13 +33,13 @@ def new_generator(params: SamplingParams) -> torch.Generator | None:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
     """logits [B, V] float32 -> chosen token ids and their log-probabilities under the model."""
-    logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         idx = torch.tensor(sampled)
         chosen[idx] = _sample_rows(logits[idx], [rows[i] for i in sampled])
-    picked = logprobs.gather(1, chosen[:, None]).squeeze(1)
+    # log p(chosen) = logit - logsumexp(row): one reduction, no [B, V] log-softmax tensor.
+    picked = logits.gather(1, chosen[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
     return chosen.tolist(), picked.tolist()
 
 

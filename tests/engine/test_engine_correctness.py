@@ -157,3 +157,40 @@ def test_stop_strings_tokens_and_logprobs(tiny_model_folder: Path) -> None:
         assert free_run[-1].finish_reason == "length"
     finally:
         engine.stop()
+
+
+def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_folder: Path) -> None:
+    """Fill + Generate submitted together take one step fewer and give the same tokens."""
+    engine = make_engine(tiny_model_folder, block_size=16)
+    try:
+        p = prompt(7, 40)
+        steps0 = engine.stats().num_steps
+        blocking.fill(engine, FillRequest(context_id="apart", token_ids=p))
+        apart = gen(engine, "apart")
+        steps_apart = engine.stats().num_steps - steps0
+
+        steps0 = engine.stats().num_steps
+        fill = blocking.submit_fill(engine, FillRequest(context_id="together", token_ids=p))
+        generate = blocking.submit_generate(engine, GenerateRequest(context_id="together", sampling=GREEDY))
+        result = blocking.wait_fill(fill)
+        together = blocking.token_ids(blocking.wait_generate(generate))
+        assert together == apart
+        assert engine.stats().num_steps - steps0 == steps_apart - 1
+        # The fill's result describes the fill alone, not the token generated in its last step.
+        assert [result.num_tokens, result.num_filled_tokens] == [40, 39]
+
+        # A one-token generation ends in the fill's step.
+        steps0 = engine.stats().num_steps
+        blocking.submit_fill(engine, FillRequest(context_id="one", token_ids=p))
+        one = SamplingParams(max_tokens=1, ignore_eos=True)
+        events = blocking.wait_generate(
+            blocking.submit_generate(engine, GenerateRequest(context_id="one", sampling=one))
+        )
+        assert [e.token_id for e in events] == apart[:1] and events[-1].finish_reason == "length"
+        assert engine.stats().num_steps - steps0 == 1
+        assert engine.context_info("one").num_tokens == 41
+        for cid in ["apart", "together", "one"]:
+            engine.free_context(FreeContextRequest(context_id=cid))
+        assert engine.stats().num_contexts == 0
+    finally:
+        engine.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from parrot.engine import kernels
 from parrot.engine.kv.cache import KVCache
 
 
@@ -48,6 +49,7 @@ class PagedAttention:
         self.slot_mapping = torch.empty(0, dtype=torch.long)
         self.num_decode = 0
         self.prefills: list[PrefillMeta] = []
+        self.native_decode = False  # this step's decode rows run on kernels.paged_decode
 
     # ---- per step -------------------------------------------------------------------------
     def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
@@ -83,6 +85,12 @@ class PagedAttention:
             tables[i, :n] = torch.tensor(s.block_table[:n], dtype=torch.long)
         lens = torch.tensor([s.seq_len for s in seqs])
         self.decode_tables = tables  # [B, max_blocks]
+        self.decode_lens = lens
+        self.native_decode = kernels.enabled() and kernels.paged_decode_supported(
+            self.cache.k.dtype, self.num_heads, self.num_kv_heads, self.head_dim
+        )
+        if self.native_decode:
+            return  # the native kernel reads the cache in place: no masks, no gather buffers
         # [B, 1, 1, max_blocks * bs]: True where the slot holds this sequence's KV.
         self.decode_mask = (torch.arange(max_blocks * bs)[None, :] < lens[:, None])[:, None, None, :]
         # An additive mask keeps SDPA on its fused path; gather buffers are reused by every layer.
@@ -110,6 +118,10 @@ class PagedAttention:
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D] -> [B, Hq * D]; each row attends to its whole own KV."""
+        if self.native_decode:
+            return kernels.paged_decode(
+                q, self.cache.k[layer], self.cache.v[layer], self.decode_tables, self.decode_lens, self.scale
+            )
         b, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
         # Gather each sequence's blocks into the step's buffers: [B, nb*bs, Hkv, D].
         keys = torch.index_select(self.cache.k[layer], 0, self.decode_ids, out=self.k_buf).view(b, -1, hkv, d)

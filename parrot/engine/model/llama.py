@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parrot.engine import kernels
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.rope import apply_rope, cos_sin_table, inv_freq
 
@@ -36,15 +37,40 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class PackedWeight:
+    """A weight's AMX tile layout, rebuilt when the weight changes (loading bumps its version)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.packed: torch.Tensor | None = None
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key:
+            self.key, self.packed = key, kernels.pack_amx(weight) if kernels.enabled() else None
+        return self.packed
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose bf16 steps run on the native CPU kernels (see parrot.engine.kernels)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.packed = PackedWeight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias, self.packed.get(self.weight))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
-        self.o = nn.Linear(q_dim, cfg.hidden_size, bias=False)
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.qkv = Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.o = Linear(q_dim, cfg.hidden_size, bias=False)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qk_v = (q_dim + kv_dim, kv_dim)
@@ -70,8 +96,9 @@ class LlamaModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        self.head_packed = PackedWeight()
         self.cos: torch.Tensor
         self.sin: torch.Tensor
         self.register_buffer("cos", cos, persistent=False)
@@ -89,7 +116,7 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> float32 logits [n, vocab]."""
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        return kernels.linear(hidden, w, None, self.head_packed.get(w)).float()
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:

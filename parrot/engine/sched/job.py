@@ -58,11 +58,20 @@ class Job:
 
 @dataclass(frozen=True)
 class ScheduledSeq:
-    """One job's share of a step: compute `num_new` tokens; sample after them if `sample`."""
+    """One job's share of a step: compute `num_new` tokens; sample after them if `sample`.
+
+    A fill's last chunk may also compute the context's final token and sample the first token of
+    the Generate queued right behind it (`sample_for`), which then needs no step of its own.
+    """
 
     job: Job
     num_new: int
     sample: bool
+    sample_for: Job | None = None
+
+    @property
+    def sampler_job(self) -> Job:
+        return self.sample_for or self.job
 
 
 @dataclass

@@ -63,11 +63,12 @@ class Scheduler:
             if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget <= 0:
                 continue
             n = min(self._need(job), budget)
-            if not self._reserve(job, n, plan, protected, may_preempt=True):
+            handoff = self._handoff(job, n) if n < budget else None
+            if not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=True):
                 continue
-            plan.seqs.append(self._seq(job, n))
+            plan.seqs.append(self._seq(job, n, handoff))
             protected.add(job.context_id)
-            budget -= n
+            budget -= n + (handoff is not None)
         self._admit(plan, budget, now, protected)
         return plan
 
@@ -91,13 +92,14 @@ class Scheduler:
                     self._fail(job, error, plan)
                     continue
             n = min(self._need(job), budget)
-            if n and not self._reserve(job, n, plan, protected, may_preempt=False):
+            handoff = self._handoff(job, n) if 0 < n < budget else None
+            if n and not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=False):
                 return  # wait for running work to free blocks; keep the order
             self.waiting.remove(job)
             self.running.append(job)
-            plan.seqs.append(self._seq(job, n))  # n == 0: nothing to compute, done this step
+            plan.seqs.append(self._seq(job, n, handoff))  # n == 0: nothing to compute, done this step
             protected.add(job.context_id)
-            budget -= n
+            budget -= n + (handoff is not None)
 
     def _start(self, job: Job) -> ParrotError | None:
         """First admission: fork the context if asked, append the fill's tokens, set targets."""
@@ -131,10 +133,28 @@ class Scheduler:
             return max(0, job.target - ctx.num_computed)
         return len(ctx.tokens) - ctx.num_computed
 
-    def _seq(self, job: Job, n: int) -> ScheduledSeq:
+    def _seq(self, job: Job, n: int, handoff: Job | None = None) -> ScheduledSeq:
+        if handoff is not None:
+            return ScheduledSeq(job, n + 1, True, handoff)
         ctx = self.contexts.get(job.context_id)
         sample = job.kind is JobKind.GENERATE and ctx.num_computed + n == len(ctx.tokens)
         return ScheduledSeq(job, n, sample)
+
+    def _handoff(self, job: Job, n: int) -> Job | None:
+        """The Generate waiting right behind `job` on its context, if `n` more tokens finish the
+        fill: the fill's last chunk then computes the final token too and samples for it."""
+        if job.kind is not JobKind.FILL:
+            return None
+        ctx = self.contexts.get(job.context_id)
+        if ctx.num_computed + n != job.target or job.target != len(ctx.tokens) - 1:
+            return None
+        queue = self.queues[job.context_id]
+        if len(queue) < 2 or queue[0] is not job:
+            return None
+        nxt = queue[1]
+        if nxt.kind is not JobKind.GENERATE or nxt.started or nxt.finished or nxt.fork_from is not None:
+            return None
+        return nxt
 
     def _reserve(self, job: Job, n: int, plan: StepPlan, protected: set[str], may_preempt: bool) -> bool:
         """Reserve blocks for `n` more tokens of `job`, reclaiming others' blocks if needed.

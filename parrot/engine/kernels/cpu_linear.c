@@ -1,0 +1,288 @@
+/* Small-batch bf16 linear layers for x86 CPUs with AVX512-BF16: y[M, N] = x[M, K] @ w[N, K]^T.
+ *
+ * Decode steps with few sequences are matrix-vector products: they read every weight once and do
+ * almost no arithmetic, so their speed is memory bandwidth. oneDNN's bf16 path reaches ~8 GB/s
+ * there on this class of machine; this kernel streams each weight row once for all M <= 4 input
+ * rows (vdpbf16ps, fp32 accumulation, software prefetch) and reaches ~15 GB/s.
+ *
+ * Built at first use by parrot/engine/kernels/__init__.py (gcc -O3 -fopenmp); it links the OpenMP
+ * runtime torch already loaded, and takes its thread count from torch.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#define ROWS 4          /* weight rows per block: one pass over them serves every input row */
+#define PREFETCH 256    /* elements ahead of the loads */
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, like torch */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#define DEFINE_BLOCK(MM)                                                                             \
+    static inline void block_##MM(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K,      \
+                                  const uint16_t* bias, uint16_t* y, int64_t ldy, int64_t n0) {      \
+        __m512 acc[MM][ROWS];                                                                        \
+        for (int i = 0; i < MM; i++)                                                                 \
+            for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();                          \
+        int64_t k = 0;                                                                               \
+        for (; k + 32 <= K; k += 32) {                                                               \
+            __m512bh wv[ROWS];                                                                       \
+            for (int j = 0; j < ROWS; j++) {                                                         \
+                const uint16_t* row = w + (n0 + j) * K + k;                                          \
+                _mm_prefetch((const char*)(row + PREFETCH), _MM_HINT_T0);                            \
+                wv[j] = (__m512bh)_mm512_loadu_si512(row);                                           \
+            }                                                                                        \
+            for (int i = 0; i < MM; i++) {                                                           \
+                __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * ldx + k);                         \
+                for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);   \
+            }                                                                                        \
+        }                                                                                            \
+        if (k < K) {                                                                                 \
+            __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);                                        \
+            __m512bh wv[ROWS];                                                                       \
+            for (int j = 0; j < ROWS; j++)                                                           \
+                wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + (n0 + j) * K + k);                 \
+            for (int i = 0; i < MM; i++) {                                                           \
+                __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * ldx + k);                \
+                for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);   \
+            }                                                                                        \
+        }                                                                                            \
+        for (int i = 0; i < MM; i++)                                                                 \
+            for (int j = 0; j < ROWS; j++) {                                                         \
+                float s = _mm512_reduce_add_ps(acc[i][j]);                                           \
+                if (bias) s += bf16_to_f32(bias[n0 + j]);                                            \
+                y[i * ldy + n0 + j] = f32_to_bf16(s);                                                \
+            }                                                                                        \
+    }
+
+DEFINE_BLOCK(1)
+DEFINE_BLOCK(2)
+DEFINE_BLOCK(3)
+DEFINE_BLOCK(4)
+
+/* Weight rows left over when N is not a multiple of ROWS. */
+static void one_column(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* w, int64_t K,
+                       const uint16_t* bias, uint16_t* y, int64_t n, int64_t N) {
+    for (int64_t i = 0; i < M; i++) {
+        float s = 0.f;
+        for (int64_t k = 0; k < K; k++) s += bf16_to_f32(x[i * ldx + k]) * bf16_to_f32(w[n * K + k]);
+        if (bias) s += bf16_to_f32(bias[n]);
+        y[i * N + n] = f32_to_bf16(s);
+    }
+}
+
+/* x: M rows with stride ldx (elements); w: [N, K] contiguous; bias: [N] or NULL; y: [M, N]. */
+void parrot_linear_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* bias,
+                        uint16_t* y, int64_t M, int64_t N, int64_t K, int num_threads) {
+    int64_t num_blocks = N / ROWS;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t b = 0; b < num_blocks; b++) {
+        int64_t n0 = b * ROWS, m0 = 0;
+        for (; m0 + 4 <= M; m0 += 4) block_4(x + m0 * ldx, ldx, w, K, bias, y + m0 * N, N, n0);
+        switch (M - m0) {
+            case 3: block_3(x + m0 * ldx, ldx, w, K, bias, y + m0 * N, N, n0); break;
+            case 2: block_2(x + m0 * ldx, ldx, w, K, bias, y + m0 * N, N, n0); break;
+            case 1: block_1(x + m0 * ldx, ldx, w, K, bias, y + m0 * N, N, n0); break;
+            default: break;
+        }
+    }
+    for (int64_t n = num_blocks * ROWS; n < N; n++) one_column(x, ldx, M, w, K, bias, y, n, N);
+}
+
+/* ---- AMX: batches of 5..64 rows ------------------------------------------------------------
+ * Weights are prepacked once (see kernels.pack_amx) into 1 KB tiles: for each block of 16 output
+ * columns and each block of 32 input features, 16 rows of 16 (column, feature-pair) bf16 pairs,
+ * the VNNI layout tdpbf16ps reads. Each thread owns blocks of 32 output columns and runs up to two
+ * 16-row blocks of x against them per pass, so every weight tile is read from memory once. */
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Ask the kernel for the AMX tile state (once per process); 1 on success. */
+int parrot_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+
+static void store_tile_rows(const float* c, int64_t rows, const uint16_t* bias, uint16_t* y, int64_t ldy,
+                            int64_t n0) {
+    __m512 b = _mm512_setzero_ps();
+    if (bias) b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + n0))), 16));
+    for (int64_t i = 0; i < rows; i++) {
+        __m512 v = _mm512_add_ps(_mm512_load_ps(c + i * 16), b);
+        _mm256_storeu_si256((__m256i*)(y + i * ldy + n0), (__m256i)_mm512_cvtneps_pbh(v)); /* round to nearest even */
+    }
+}
+
+/* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0, M <= 64. */
+void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+                       int64_t M, int64_t N, int64_t K, int num_threads) {
+    const int64_t kblocks = K / 32, mblocks = (M + 15) / 16, tile = 512; /* bf16 per 1 KB tile */
+    uint16_t* xp = aligned_alloc(64, (size_t)(mblocks * 16 * K * 2));
+    for (int64_t i = 0; i < mblocks * 16; i++) {
+        if (i < M) memcpy(xp + i * K, x + i * ldx, (size_t)K * 2);
+        else memset(xp + i * K, 0, (size_t)K * 2);
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette_id = 1;
+        for (int t = 0; t < 8; t++) {
+            cfg.rows[t] = 16;
+            cfg.colsb[t] = 64;
+        }
+        _tile_loadconfig(&cfg);
+        float c[4][256] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < N / 32; nb++) {
+            const uint16_t* b0 = wp + (2 * nb) * kblocks * tile;
+            const uint16_t* b1 = b0 + kblocks * tile;
+            for (int64_t mb = 0; mb < mblocks; mb += 2) {
+                const int two = mb + 1 < mblocks;
+                const uint16_t* a0 = xp + mb * 16 * K;
+                const uint16_t* a1 = a0 + 16 * K;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int64_t kb = 0; kb < kblocks; kb++) {
+                    _tile_loadd(4, a0 + kb * 32, K * 2);
+                    _tile_loadd(6, b0 + kb * tile, 64);
+                    _tile_loadd(7, b1 + kb * tile, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (two) {
+                        _tile_loadd(5, a1 + kb * 32, K * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+                int64_t rows0 = M - mb * 16 < 16 ? M - mb * 16 : 16;
+                store_tile_rows(c[0], rows0, bias, y + mb * 16 * N, N, nb * 32);
+                store_tile_rows(c[1], rows0, bias, y + mb * 16 * N, N, nb * 32 + 16);
+                if (two) {
+                    _tile_stored(2, c[2], 64);
+                    _tile_stored(3, c[3], 64);
+                    int64_t rows1 = M - (mb + 1) * 16 < 16 ? M - (mb + 1) * 16 : 16;
+                    store_tile_rows(c[2], rows1, bias, y + (mb + 1) * 16 * N, N, nb * 32);
+                    store_tile_rows(c[3], rows1, bias, y + (mb + 1) * 16 * N, N, nb * 32 + 16);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(xp);
+}
+
+/* ---- Paged decode attention -----------------------------------------------------------------
+ * One new query token per sequence attends to that sequence's whole KV, read in place from the
+ * paged cache through its block table (no gather copy). Work item = (sequence, KV head): its G
+ * query heads share every K/V row read. Scores and softmax in fp32, two passes over K then V. */
+static inline __m512 exp512(__m512 x) { /* e^x, ~1 ulp in fp32 (Cephes polynomial, scalef) */
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 load_bf16x16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+#define MAX_GROUP 16
+#define MAX_HEAD_DIM 256
+
+/* q: [B, Hq, D] rows q_stride apart; kc/vc: one layer's cache [blocks, bs, Hkv, D]; tables:
+ * [B, max_blocks]; lens: [B]; out: [B, Hq * D]. D % 32 == 0, D <= 256, Hq / Hkv <= 16. */
+void parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
+                         const int64_t* tables, int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t B,
+                         int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
+    const int64_t G = Hq / Hkv, row = Hkv * D;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * Hkv; task++) {
+        const int64_t b = task / Hkv, h = task % Hkv, L = lens[b];
+        const int64_t* table = tables + b * max_blocks;
+        float* scores = aligned_alloc(64, (size_t)(G * ((L + 15) / 16) * 16 * 4));
+        __m512bh qv[MAX_GROUP][MAX_HEAD_DIM / 32];
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < D / 32; c++)
+                qv[g][c] = (__m512bh)_mm512_loadu_si512(q + b * q_stride + (h * G + g) * D + c * 32);
+        float mx[MAX_GROUP];
+        for (int64_t g = 0; g < G; g++) mx[g] = -INFINITY;
+        for (int64_t t = 0; t < L; t++) { /* pass 1: scores */
+            const uint16_t* k = kc + (table[t / bs] * bs + t % bs) * row + h * D;
+            for (int64_t g = 0; g < G; g++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; c < D / 32; c++)
+                    acc = _mm512_dpbf16_ps(acc, qv[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
+                float s = _mm512_reduce_add_ps(acc) * scale;
+                scores[g * ((L + 15) / 16) * 16 + t] = s;
+                if (s > mx[g]) mx[g] = s;
+            }
+        }
+        float inv_sum[MAX_GROUP];
+        const int64_t padded = (L + 15) / 16 * 16;
+        for (int64_t g = 0; g < G; g++) { /* pass 2: exp and sum, 16 scores at a time */
+            float* sg = scores + g * padded;
+            for (int64_t t = L; t < padded; t++) sg[t] = -INFINITY;
+            __m512 m = _mm512_set1_ps(mx[g]), sum = _mm512_setzero_ps();
+            for (int64_t t = 0; t < padded; t += 16) {
+                __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m));
+                e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_load_ps(sg + t), _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+                _mm512_store_ps(sg + t, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
+        }
+        __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < L; t++) { /* pass 3: weighted V */
+            const uint16_t* v = vc + (table[t / bs] * bs + t % bs) * row + h * D;
+            for (int64_t c = 0; c < D / 16; c++) {
+                __m512 vv = load_bf16x16(v + c * 16);
+                for (int64_t g = 0; g < G; g++)
+                    acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * padded + t]), vv, acc[g][c]);
+            }
+        }
+        for (int64_t g = 0; g < G; g++) {
+            uint16_t* o = out + b * Hq * D + (h * G + g) * D;
+            for (int64_t c = 0; c < D / 16; c++)
+                _mm256_storeu_si256((__m256i*)(o + c * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_sum[g]))));
+        }
+        free(scores);
+    }
+}

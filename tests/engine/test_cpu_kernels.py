@@ -1,0 +1,114 @@
+"""The native bf16 linear kernel: same results as F.linear up to one bf16 ulp, and a clean fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parrot.engine import kernels
+
+needs_kernel = pytest.mark.skipif(not kernels.available(), reason="no AVX512-BF16 CPU or no C compiler")
+
+
+def within_bf16_rounding(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """|out - exact| <= half a bf16 ulp of the exact value plus fp32 accumulation error."""
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    magnitude = x.double().abs() @ w.double().abs().T
+    bound = exact.abs() * 2.0**-8 + magnitude * x.shape[1] * 2.0**-24
+    return bool(torch.all((out.double() - exact).abs() <= bound))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16, 17, 33, 64, 200])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (8192, 576), (576, 1536), (7, 100), (13, 33), (64, 64)])
+def test_matches_torch_within_bf16_rounding(m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = (torch.randn(n, k, generator=g) * 0.05).bfloat16()
+    bias = torch.randn(n, generator=g).bfloat16()
+    packed = kernels.pack_amx(w)
+    # The AMX layout exists for shapes in 32-multiples on AMX CPUs only.
+    assert (packed is not None) == (kernels.amx_available() and n % 32 == 0 and k % 32 == 0)
+    with torch.inference_mode():
+        for b in (None, bias):
+            ours, ref = kernels.linear(x, w, b, packed), F.linear(x, w, b)
+            assert ours.shape == ref.shape and ours.dtype == torch.bfloat16
+            assert within_bf16_rounding(ref, x, w, b)  # the bound holds for torch itself
+            assert within_bf16_rounding(ours, x, w, b)
+            assert (ours != ref).float().mean().item() < 0.01  # rounding, not a different result
+
+
+@needs_kernel
+def test_strided_rows_are_read_with_their_stride() -> None:
+    big = torch.randn(3, 200).bfloat16()
+    x = big[:, 8:72]  # rows 200 elements apart
+    w = torch.randn(24, 64).bfloat16()
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.linear(x, w), F.linear(x, w), rtol=1.6e-2, atol=1e-2)
+
+
+def test_ineligible_inputs_take_the_torch_path() -> None:
+    w32 = torch.randn(8, 16)
+    x32 = torch.randn(2, 16)
+    with torch.inference_mode():
+        assert torch.equal(kernels.linear(x32, w32), F.linear(x32, w32))  # float32
+        xb, wb = torch.randn(kernels.DOT_MAX_ROWS + 1, 64).bfloat16(), torch.randn(64, 64).bfloat16()
+        assert torch.equal(kernels.linear(xb, wb), F.linear(xb, wb))  # no packed weights: no AMX
+        xb = torch.randn(kernels.AMX_MAX_ROWS + 1, 64).bfloat16()
+        packed = kernels.pack_amx(wb)
+        assert torch.equal(kernels.linear(xb, wb, None, packed), F.linear(xb, wb))  # too many rows
+    xg = torch.randn(1, 16).bfloat16().requires_grad_()
+    out = kernels.linear(xg, torch.randn(8, 16).bfloat16())
+    assert out.requires_grad  # autograd needs torch's op
+
+
+@needs_kernel
+def test_switch_off_gives_torch_bits() -> None:
+    x, w = torch.randn(1, 576).bfloat16(), torch.randn(960, 576).bfloat16()
+    previous = kernels.set_enabled(False)
+    try:
+        with torch.inference_mode():
+            assert torch.equal(kernels.linear(x, w), F.linear(x, w))
+        assert not kernels.enabled()
+    finally:
+        kernels.set_enabled(previous)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"), [(9, 3, 64, 16), (4, 4, 128, 1)])
+def test_paged_decode_matches_the_sdpa_path(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+    from parrot.engine.attention.base import PagedAttention, SeqSpec
+    from parrot.engine.kv.cache import KVCache
+
+    g = torch.Generator().manual_seed(head_dim + block_size)
+    lens = [1, 2, 17, 40, 300]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    cache = KVCache(1, num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g) * 2)
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    perm = torch.randperm(num_blocks, generator=g).tolist()  # scattered, non-monotonic block tables
+    specs, start = [], 0
+    for n in lens:
+        nb = -(-n // block_size)
+        specs.append(SeqSpec(1, n, perm[start : start + nb]))
+        start += nb
+    # Rows of q are strided like the model's (q and k heads share one projection row).
+    qk = torch.randn(len(lens), num_heads + num_kv_heads, head_dim, generator=g).bfloat16()
+    q = qk[:, :num_heads]
+    outs = {}
+    for native in (True, False):
+        previous = kernels.set_enabled(native)
+        try:
+            backend = PagedAttention(cache, num_heads, num_kv_heads, head_dim)
+            backend.prepare_decode(specs)
+            assert backend.native_decode is native
+            with torch.inference_mode():
+                outs[native] = backend.decode(0, q)
+        finally:
+            kernels.set_enabled(previous)
+    assert outs[True].shape == (len(lens), num_heads * head_dim)
+    torch.testing.assert_close(outs[True], outs[False], atol=4e-3, rtol=1.6e-2)
+    # A one-token context attends only to itself: the output is its V row (rounded once).
+    first = cache.v[0, perm[0], 0].repeat_interleave(num_heads // num_kv_heads, dim=0).reshape(-1)
+    torch.testing.assert_close(outs[True][0], first, atol=0, rtol=0)
