@@ -62,5 +62,5 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.backend.forward)
         if not sample_rows:
             return [], []
-        logits = self.model.logits(hidden[torch.tensor(sample_rows)])
+        logits = self.model.logits(hidden[torch.tensor(sample_rows)], as_float=False)
         return sample(logits, rows)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parrot.engine import kernels
 from parrot.protocol.sampling import SamplingParams
 
 
@@ -32,14 +33,19 @@ def new_generator(params: SamplingParams) -> torch.Generator | None:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
-    """logits [B, V] float32 -> chosen token ids and their log-probabilities under the model."""
-    chosen = logits.argmax(dim=-1)
+    """logits [B, V] (bf16 or float32) -> chosen token ids and their log-probabilities, computed
+    in float32 (bf16 logits convert exactly)."""
+    if logits.dtype == torch.bfloat16 and kernels.enabled():
+        chosen, lse = kernels.argmax_logsumexp(logits)  # one native pass, no float copy
+    else:
+        logits = logits.float()
+        chosen, lse = logits.argmax(dim=-1), torch.logsumexp(logits, dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         idx = torch.tensor(sampled)
-        chosen[idx] = _sample_rows(logits[idx], [rows[i] for i in sampled])
-    # log p(chosen) = logit - logsumexp(row): one reduction, no [B, V] log-softmax tensor.
-    picked = logits.gather(1, chosen[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+        chosen[idx] = _sample_rows(logits[idx].float(), [rows[i] for i in sampled])
+    # log p(chosen) = logit - logsumexp(row): no [B, V] log-softmax tensor.
+    picked = logits.gather(1, chosen[:, None]).squeeze(1).float() - lse
     return chosen.tolist(), picked.tolist()
 
 

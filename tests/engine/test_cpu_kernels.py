@@ -112,3 +112,64 @@ def test_paged_decode_matches_the_sdpa_path(num_heads: int, num_kv_heads: int, h
     # A one-token context attends only to itself: the output is its V row (rounded once).
     first = cache.v[0, perm[0], 0].repeat_interleave(num_heads // num_kv_heads, dim=0).reshape(-1)
     torch.testing.assert_close(outs[True][0], first, atol=0, rtol=0)
+
+
+@needs_kernel
+def test_argmax_logsumexp_matches_torch() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(6, 49157, generator=g) * 4).bfloat16()  # V not a multiple of 16
+    logits[2, 100] = logits[2, 7] = 40.0  # a tie: the first index wins, as in torch.argmax
+    logits[3, -1] = 50.0  # the maximum in the scalar tail
+    logits[4] = float("-inf")
+    logits[4, 3] = 1.0  # one finite logit: probability 1
+    idx, lse = kernels.argmax_logsumexp(logits)
+    ref = logits.float()
+    assert idx.tolist() == ref.argmax(dim=-1).tolist()
+    assert idx[2].item() == 7 and idx[3].item() == 49156
+    torch.testing.assert_close(lse, torch.logsumexp(ref, dim=-1), atol=1e-5, rtol=1e-6)
+    assert lse[4].item() == 1.0
+
+
+def _reference(fn):  # type: ignore[no-untyped-def]
+    """Run fn with the native kernels off (torch reference ops)."""
+    previous = kernels.set_enabled(False)
+    try:
+        return fn()
+    finally:
+        kernels.set_enabled(previous)
+
+
+def _close_in_bf16(a: torch.Tensor, b: torch.Tensor, max_fraction: float = 0.01) -> None:
+    """Equal but for rare one-ulp rounding differences (a reduction or exp in another order)."""
+    assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16
+    torch.testing.assert_close(a, b, atol=1e-2, rtol=8e-3)
+    assert (a != b).float().mean().item() <= max_fraction
+
+
+@needs_kernel
+def test_fused_elementwise_steps_round_like_the_reference() -> None:
+    g = torch.Generator().manual_seed(11)
+    n, d, heads, inter = 37, 576, 12, 1536
+    x = torch.randn(n, d, generator=g).bfloat16()
+    delta = torch.randn(n, d, generator=g).bfloat16()
+    w = (1 + torch.randn(d, generator=g) * 0.1).bfloat16()
+    with torch.inference_mode():
+        _close_in_bf16(kernels.rms_norm(x, w, 1e-5), _reference(lambda: kernels.rms_norm(x, w, 1e-5)))
+        r, h = kernels.add_rms_norm(x, delta, w, 1e-5)
+        r_ref, h_ref = _reference(lambda: kernels.add_rms_norm(x, delta, w, 1e-5))
+        assert torch.equal(r, r_ref)  # one rounded add: exact
+        _close_in_bf16(h, h_ref)
+
+        # RoPE has no reduction: the same rounding steps give the same bits, strided rows included.
+        cos, sin = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+        positions = torch.randint(0, 64, (n,), generator=g)
+        qkv = torch.randn(n, (heads + 3) * 64, generator=g).bfloat16()
+        qk = qkv[:, : heads * 64].view(n, heads, 64)
+        v_before = qkv[:, heads * 64 :].clone()
+        expected = _reference(lambda: kernels.rope(qk.clone(), positions, cos, sin))
+        rotated = kernels.rope(qk, positions, cos, sin)
+        assert torch.equal(rotated, expected)
+        assert torch.equal(qkv[:, heads * 64 :], v_before)  # in place, and only on the q/k columns
+
+        gate_up = (torch.randn(n, 2 * inter, generator=g) * 3).bfloat16()
+        _close_in_bf16(kernels.silu_mul(gate_up), _reference(lambda: kernels.silu_mul(gate_up)))

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from parrot.engine.model.rope import apply_rope
+
 log = logging.getLogger(__name__)
 
 DOT_MAX_ROWS = 4  # the AVX512 dot kernel up to here, then AMX
@@ -85,6 +87,13 @@ def _build() -> ctypes.CDLL | None:
     lib.parrot_paged_decode.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
     lib.parrot_paged_decode.argtypes += [ctypes.c_float, ctypes.c_int]
     lib.parrot_paged_decode.restype = None
+    lib.parrot_argmax_logsumexp.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
+    lib.parrot_argmax_logsumexp.restype = None
+    lib.parrot_rmsnorm.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
+    lib.parrot_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
+    lib.parrot_silu_mul.argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
+    for fn in (lib.parrot_rmsnorm, lib.parrot_rope, lib.parrot_silu_mul):
+        fn.restype = None
     return lib
 
 
@@ -221,4 +230,94 @@ def paged_decode(
         scale,
         torch.get_num_threads(),
     )
+    return out
+
+
+def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 logits [B, V] -> (first index of each row's maximum [B] int64, logsumexp [B] fp32),
+    one pass per row without a float copy. Callers check `enabled()` first."""
+    lib = _lib
+    assert lib is not None, "argmax_logsumexp without the native kernels"
+    if logits.dtype != torch.bfloat16 or logits.dim() != 2:
+        raise ValueError("argmax_logsumexp takes 2-d bfloat16 logits")
+    x = logits.contiguous()
+    b, v = x.shape
+    idx = torch.empty(b, dtype=torch.int64)
+    lse = torch.empty(b, dtype=torch.float32)
+    lib.parrot_argmax_logsumexp(x.data_ptr(), b, v, idx.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    return idx, lse
+
+
+# ---- fused elementwise steps of the decoder layer (torch reference when not native) ----------
+def _native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The library if every tensor is a contiguous bf16 CPU tensor, kernels are on, no autograd."""
+    lib = _lib if _enabled else None
+    if lib is None or torch.is_grad_enabled():
+        return None
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+    return lib
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # The reference implementation's exact op order (transformers' LlamaRMSNorm).
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, rounding where the reference rounds (fused natively in bf16)."""
+    lib = _native(x, weight)
+    if lib is None or x.dim() != 2 or x.shape[1] % 16:
+        return rms_norm_reference(x, weight, eps)
+    out = torch.empty_like(x)
+    n, d = x.shape
+    lib.parrot_rmsnorm(x.data_ptr(), None, None, weight.data_ptr(), out.data_ptr(), n, d, eps, torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, rms_norm(r)) with r = x + delta: the residual add and the next norm in one pass."""
+    lib = _native(x, delta, weight)
+    if lib is None or x.dim() != 2 or x.shape[1] % 16 or x.shape != delta.shape:
+        r = x + delta
+        return r, rms_norm_reference(r, weight, eps)
+    r, out = torch.empty_like(x), torch.empty_like(x)
+    n, d = x.shape
+    args = (x.data_ptr(), delta.data_ptr(), r.data_ptr(), weight.data_ptr(), out.data_ptr(), n, d, eps)
+    lib.parrot_rmsnorm(*args, torch.get_num_threads())
+    return r, out
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [N, heads, D] at `positions` [N], from fp32 tables [max_len, D]
+    (rounded to x's dtype first, as the reference does). Native in bf16: in place, returns x."""
+    lib = _native(x[0:0])  # rows may be strided (a view into the qkv projection)
+    d = x.shape[-1]
+    if lib is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or positions.dtype != torch.int64:
+        cos = cos_table[positions].to(x.dtype).unsqueeze(1)
+        sin = sin_table[positions].to(x.dtype).unsqueeze(1)
+        return apply_rope(x, cos, sin)
+    n, h, _ = x.shape
+    pos = positions.contiguous()
+    ct, st = cos_table.contiguous(), sin_table.contiguous()
+    lib.parrot_rope(
+        x.data_ptr(), x.stride(0), n, h, d, ct.data_ptr(), st.data_ptr(), pos.data_ptr(), torch.get_num_threads()
+    )
+    return x
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[N, 2I] = [gate | up] -> silu(gate) * up [N, I]."""
+    lib = _native(gate_up)
+    n, two_i = gate_up.shape
+    if lib is None or gate_up.dim() != 2 or two_i % 32:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    out = torch.empty(n, two_i // 2, dtype=gate_up.dtype)
+    lib.parrot_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, torch.get_num_threads())
     return out

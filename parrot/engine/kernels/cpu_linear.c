@@ -286,3 +286,111 @@ void parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc
         free(scores);
     }
 }
+
+/* ---- Greedy choice and log-normalizer of bf16 logits ----------------------------------------
+ * Per row of logits [B, V]: the first index of the maximum, and logsumexp in fp32 (so that
+ * log p(token) = logit - lse). Replaces a float copy, an argmax and a logsumexp over [B, V]. */
+void parrot_argmax_logsumexp(const uint16_t* logits, int64_t B, int64_t V, int64_t* argmax, float* lse,
+                             int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        const uint16_t* row = logits + b * V;
+        float best = -INFINITY;
+        int64_t best_i = 0;
+        int64_t v = 0;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (; v + 16 <= V; v += 16) vmax = _mm512_max_ps(vmax, load_bf16x16(row + v));
+        best = _mm512_reduce_max_ps(vmax);
+        for (int64_t t = v; t < V; t++) best = fmaxf(best, bf16_to_f32(row[t]));
+        for (int64_t t = 0; t < V; t++) /* first index of the maximum (NaN rows keep index 0) */
+            if (bf16_to_f32(row[t]) == best) {
+                best_i = t;
+                break;
+            }
+        if (!isfinite(best)) { /* all -inf (or NaN / +inf): no normalizer to speak of */
+            argmax[b] = best_i;
+            lse[b] = best;
+            continue;
+        }
+        __m512 m = _mm512_set1_ps(best), sum = _mm512_setzero_ps();
+        for (v = 0; v + 16 <= V; v += 16) sum = _mm512_add_ps(sum, exp512(_mm512_sub_ps(load_bf16x16(row + v), m)));
+        float s = _mm512_reduce_add_ps(sum);
+        for (int64_t t = v; t < V; t++) s += expf(bf16_to_f32(row[t]) - best);
+        argmax[b] = best_i;
+        lse[b] = best + logf(s);
+    }
+}
+
+/* ---- Fused elementwise steps, rounding exactly where the reference (torch, bf16) rounds ----- */
+static inline __m512 round_bf16(__m512 v) { /* fp32 -> nearest bf16 -> fp32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+static inline void store_bf16x16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+
+/* out = w * bf16(r * rsqrt(mean(r^2) + eps)), r = x (+ delta, rounded and written to resid).
+ * D % 16 == 0. Matches: h = r.float(); h * rsqrt(h.pow(2).mean(-1) + eps); w * h.to(bf16). */
+void parrot_rmsnorm(const uint16_t* x, const uint16_t* delta, uint16_t* resid, const uint16_t* w, uint16_t* out,
+                    int64_t N, int64_t D, float eps, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t* xr = x + n * D;
+        __m512 ss = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 v = load_bf16x16(xr + d);
+            if (delta) {
+                v = round_bf16(_mm512_add_ps(v, load_bf16x16(delta + n * D + d)));
+                store_bf16x16(resid + n * D + d, v);
+            }
+            ss = _mm512_fmadd_ps(v, v, ss);
+        }
+        const uint16_t* r = delta ? resid + n * D : xr;
+        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)D + eps);
+        __m512 vinv = _mm512_set1_ps(inv);
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 h = round_bf16(_mm512_mul_ps(load_bf16x16(r + d), vinv));
+            store_bf16x16(out + n * D + d, _mm512_mul_ps(load_bf16x16(w + d), h));
+        }
+    }
+}
+
+/* In place on x [N, H, D] (rows x_stride apart): x = bf16(x * c) + bf16(rotate_half(x) * s), rounded,
+ * with c, s = the fp32 tables at each row's position rounded to bf16 (as torch does). D % 32 == 0. */
+void parrot_rope(uint16_t* x, int64_t x_stride, int64_t N, int64_t H, int64_t D, const float* cos_table,
+                 const float* sin_table, const int64_t* positions, int num_threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const float* ct = cos_table + positions[n] * D;
+        const float* st = sin_table + positions[n] * D;
+        for (int64_t h = 0; h < H; h++) {
+            uint16_t* xh = x + n * x_stride + h * D;
+            for (int64_t d = 0; d < half; d += 16) {
+                __m512 lo = load_bf16x16(xh + d), hi = load_bf16x16(xh + half + d);
+                __m512 c0 = round_bf16(_mm512_loadu_ps(ct + d)), s0 = round_bf16(_mm512_loadu_ps(st + d));
+                __m512 c1 = round_bf16(_mm512_loadu_ps(ct + half + d)), s1 = round_bf16(_mm512_loadu_ps(st + half + d));
+                /* first half: lo * c0 + (-hi) * s0; second half: hi * c1 + lo * s1 */
+                __m512 a = _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, c0)),
+                                         round_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), hi), s0)));
+                __m512 b = _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, c1)), round_bf16(_mm512_mul_ps(lo, s1)));
+                store_bf16x16(xh + d, a);
+                store_bf16x16(xh + half + d, b);
+            }
+        }
+    }
+}
+
+/* out [N, I] = bf16(silu(g)) * u, rounded, where gu [N, 2I] = [g | u]. I % 16 == 0. */
+void parrot_silu_mul(const uint16_t* gu, uint16_t* out, int64_t N, int64_t I, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t* g = gu + n * 2 * I;
+        const uint16_t* u = g + I;
+        for (int64_t i = 0; i < I; i += 16) {
+            __m512 gv = load_bf16x16(g + i);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            __m512 s = round_bf16(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+            store_bf16x16(out + n * I + i, _mm512_mul_ps(s, load_bf16x16(u + i)));
+        }
+    }
+}

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from parrot.engine import kernels
 from parrot.engine.model.config import ModelConfig
-from parrot.engine.model.rope import apply_rope, cos_sin_table, inv_freq
+from parrot.engine.model.rope import cos_sin_table, inv_freq
 
 # attend(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq * D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -29,12 +28,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The reference implementation's exact op order, so outputs are bit-identical to it in
-        # fp32 and bf16. (F.rms_norm is 2x faster in bf16 but rounds differently, and on the
-        # default model that flips greedy answers, e.g. "Paris" into nonsense.)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # The reference implementation's rounding steps (see kernels.rms_norm_reference): F.rms_norm
+        # rounds differently in bf16, and on the default model that flips greedy answers.
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 class PackedWeight:
@@ -76,17 +72,27 @@ class DecoderLayer(nn.Module):
         self.qk_v = (q_dim + kv_dim, kv_dim)
 
     def forward(
-        self, idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
-    ) -> torch.Tensor:
+        self,
+        idx: int,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        attend: AttendFn,
+        next_norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream [N, hidden]; h = input_norm(x); rope_tables: fp32 (cos, sin).
+        Returns the new residual and `next_norm` of it (the next layer's input norm, or the final
+        norm), each residual add fused with the norm after it."""
         cfg, n = self.cfg, x.shape[0]
-        qk, v = self.qkv(self.input_norm(x)).split(self.qk_v, dim=-1)
+        qk, v = self.qkv(h).split(self.qk_v, dim=-1)
         # One rotary op over the q and k heads together: [N, Hq + Hkv, D].
-        qk = apply_rope(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        qk = kernels.rope(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), positions, *rope_tables)
         q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        x = x + self.o(attend(idx, q, k, v))
-        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        x, h = kernels.add_rms_norm(x, self.o(attend(idx, q, k, v)), self.post_attn_norm.weight, cfg.rms_norm_eps)
+        mlp = self.down(kernels.silu_mul(self.gate_up(h)))
+        return kernels.add_rms_norm(x, mlp, next_norm.weight, next_norm.eps)
 
 
 class LlamaModel(nn.Module):
@@ -107,16 +113,18 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """input_ids, positions [N] -> final-normed hidden states [N, hidden]."""
         x = self.embed(input_ids)
-        cos = self.cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(x.dtype).unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            x = layer(i, x, cos, sin, attend)
-        return self.norm(x)
+        layers = [cast(DecoderLayer, layer) for layer in self.layers]
+        h = layers[0].input_norm(x)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
+            x, h = layer(i, x, h, positions, (self.cos, self.sin), attend, next_norm)
+        return h
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [n, hidden] -> float32 logits [n, vocab]."""
+    def logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
+        """hidden [n, hidden] -> logits [n, vocab], float32 (or the model's dtype)."""
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return kernels.linear(hidden, w, None, self.head_packed.get(w)).float()
+        out = kernels.linear(hidden, w, None, self.head_packed.get(w))
+        return out.float() if as_float else out
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
