@@ -52,9 +52,8 @@ class LLMEngine:
         self.model_folder: Path = resolve_model_folder(config.model)
         self.model_name = config.name or (config.model if not Path(config.model).exists() else self.model_folder.name)
         dtype = DTYPES[config.dtype]
-        kernels.set_enabled(config.cpu_kernels)  # a process-wide switch: the last engine's setting wins
         if config.cpu_kernels and dtype == torch.bfloat16:
-            kernels.load()
+            kernels.load()  # build now, not in the first step (the loop thread sets its own switch)
         self.model = load_model(self.model_folder, dtype)
         self.tokenizer = Tokenizer(self.model_folder)
         mc = self.model.cfg
@@ -228,6 +227,7 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
+        kernels.set_enabled(self.config.cpu_kernels)  # per thread: this engine's steps only
         while True:
             with self._cv:
                 plan = self._next_plan()
@@ -268,18 +268,20 @@ class LLMEngine:
     def _apply(self, plan: StepPlan, seqs: list, tokens: list[int], logprobs: list[float], elapsed: float) -> None:
         self._num_steps += 1
         sampled = iter(zip(tokens, logprobs, strict=True))
-        num_decode = 0
+        num_decode = 0  # tokens sampled this step
+        decoding = False  # some generation took its next token (not only a fill's hand-over)
         for s in seqs:
             job, ctx = s.job, self.contexts.get(s.job.context_id)
             ctx.num_computed += s.num_new
             if job.kind is JobKind.FILL:
                 job.num_filled += s.num_new - (s.sample_for is not None)  # not the handed-over token
-                self._num_prefill_tokens += s.num_new
+                self._num_prefill_tokens += s.num_new - (s.sample_for is not None)
                 self._end_fill_if_done(job)  # before a handed-over Generate appends its token
             elif s.num_new > 1 or not s.sample:
                 self._num_prefill_tokens += s.num_new
             if s.sample:
                 num_decode += 1
+                decoding = decoding or s.sample_for is None
                 token, logprob = next(sampled)
                 gen = s.sampler_job
                 event = accept_token(gen, ctx, token, logprob, self.eos_ids, self.max_model_len)
@@ -295,8 +297,8 @@ class LLMEngine:
             ms = elapsed * 1000.0
             old = self._step_ms.get(bucket)
             self._step_ms[bucket] = ms if old is None else 0.8 * old + 0.2 * ms
-        if num_decode:
-            self._num_decode_tokens += num_decode
+        self._num_decode_tokens += num_decode
+        if decoding:  # time per output token: a hand-over's first token is time to first token
             ms = elapsed * 1000.0
             self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
 

@@ -173,3 +173,38 @@ def test_fused_elementwise_steps_round_like_the_reference() -> None:
 
         gate_up = (torch.randn(n, 2 * inter, generator=g) * 3).bfloat16()
         _close_in_bf16(kernels.silu_mul(gate_up), _reference(lambda: kernels.silu_mul(gate_up)))
+
+
+def test_the_switch_is_per_thread() -> None:
+    """An engine sets the switch in its own loop thread; other threads keep theirs."""
+    import threading
+
+    seen: list[bool] = []
+
+    def other() -> None:
+        kernels.set_enabled(False)
+        seen.append(kernels._on())
+
+    before = kernels._on()
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [False]
+    assert kernels._on() == before
+
+
+@needs_kernel
+def test_paged_decode_propagates_nan_like_sdpa() -> None:
+    from parrot.engine.attention.base import PagedAttention, SeqSpec
+    from parrot.engine.kv.cache import KVCache
+
+    cache = KVCache(1, 4, 16, 1, 64, torch.bfloat16)
+    cache.k.normal_()
+    cache.v.normal_()
+    cache.k[0, 1, 3, 0, 0] = float("nan")  # token 19 of the second sequence
+    backend = PagedAttention(cache, 2, 1, 64)
+    backend.prepare_decode([SeqSpec(1, 16, [0]), SeqSpec(1, 20, [2, 1])])
+    assert backend.native_decode
+    with torch.inference_mode():
+        out = backend.decode(0, torch.randn(2, 2, 64).bfloat16())
+    assert bool(torch.isfinite(out[0]).all()) and bool(torch.isnan(out[1]).all())

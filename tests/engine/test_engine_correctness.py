@@ -169,13 +169,18 @@ def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_f
         apart = gen(engine, "apart")
         steps_apart = engine.stats().num_steps - steps0
 
-        steps0 = engine.stats().num_steps
+        before = engine.stats()
+        steps0 = before.num_steps
         fill = blocking.submit_fill(engine, FillRequest(context_id="together", token_ids=p))
         generate = blocking.submit_generate(engine, GenerateRequest(context_id="together", sampling=GREEDY))
         result = blocking.wait_fill(fill)
         together = blocking.token_ids(blocking.wait_generate(generate))
         assert together == apart
-        assert engine.stats().num_steps - steps0 == steps_apart - 1
+        after = engine.stats()
+        assert after.num_steps - steps0 == steps_apart - 1
+        # 39 prompt tokens computed as prefill; the 40th's step sampled the first output token.
+        assert after.num_prefill_tokens - before.num_prefill_tokens == 39
+        assert after.num_decode_tokens - before.num_decode_tokens == GREEDY.max_tokens
         # The fill's result describes the fill alone, not the token generated in its last step.
         assert [result.num_tokens, result.num_filled_tokens] == [40, 39]
 

@@ -8,7 +8,8 @@
 - anything else (float32, big prefill chunks, odd shapes): torch.
 Both kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
 differs from `F.linear` by one bf16 ulp; turn them off (`EngineConfig.cpu_kernels=False`,
-`set_enabled(False)`) for bit-exact comparisons with a torch reference.
+`set_enabled(False)`) for bit-exact comparisons with a torch reference. The switch is per thread:
+an engine sets it in its own loop thread, so engines with different settings do not interfere.
 
 The shared library is cached under `<cache_dir>/kernels/`, keyed by the source and flags. It needs
 gcc (or $CC) and a CPU with AVX512-BF16 (AMX-BF16 for the AMX path); without them `available()`
@@ -44,7 +45,7 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 _amx = False
-_enabled = True
+_switch = threading.local()  # per-thread `enabled` flag (default on)
 
 
 def _cpu_flags() -> set[str]:
@@ -82,11 +83,12 @@ def _build() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for fn in (lib.parrot_linear_bf16, lib.parrot_linear_amx):
         fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-        fn.restype = None
+    lib.parrot_linear_bf16.restype = None
+    lib.parrot_linear_amx.restype = ctypes.c_int  # -1: out of memory
     lib.parrot_amx_init.restype = ctypes.c_int
     lib.parrot_paged_decode.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
     lib.parrot_paged_decode.argtypes += [ctypes.c_float, ctypes.c_int]
-    lib.parrot_paged_decode.restype = None
+    lib.parrot_paged_decode.restype = i64  # work items that could not allocate
     lib.parrot_argmax_logsumexp.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
     lib.parrot_argmax_logsumexp.restype = None
     lib.parrot_rmsnorm.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
@@ -120,13 +122,18 @@ def available() -> bool:
 def set_enabled(flag: bool) -> bool:
     """Route eligible layers to the native kernels (True, the default) or always to torch.
     Returns the previous setting."""
-    global _enabled
-    previous, _enabled = _enabled, flag
+    previous = _on()
+    _switch.enabled = flag
     return previous
 
 
+def _on() -> bool:
+    return bool(getattr(_switch, "enabled", True))
+
+
 def enabled() -> bool:
-    return _enabled and available()
+    """Native kernels are on for this thread and built (building them on first call)."""
+    return _on() and available()
 
 
 def amx_available() -> bool:
@@ -152,13 +159,14 @@ def linear(
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`; bf16 steps of up to AMX_MAX_ROWS rows run natively
     (`packed` = `pack_amx(weight)` enables the AMX path for more than DOT_MAX_ROWS rows)."""
-    lib = _lib if _enabled else None
+    lib = _lib if _on() else None
     if (
         lib is None
         or x.dim() != 2
         or x.dtype != torch.bfloat16
         or weight.dtype != torch.bfloat16
         or x.device.type != "cpu"
+        or weight.device.type != "cpu"
         or x.stride(1) != 1
         or not weight.is_contiguous()
         or (bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()))
@@ -179,7 +187,8 @@ def linear(
         raise ValueError(f"linear: x has {k} features, weight expects {weight.shape[1]}")
     y = torch.empty(m, n, dtype=torch.bfloat16)
     bias_ptr = None if bias is None else bias.data_ptr()
-    fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads())
+    if fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()):
+        return F.linear(x, weight, bias)  # the AMX kernel could not allocate its padded input
     return y
 
 
@@ -211,9 +220,15 @@ def paged_decode(
     _, bs, hkv, _ = k_cache.shape
     if q.stride(2) != 1 or q.stride(1) != d or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_decode: q heads and the cache must be contiguous")
-    tables, lens = block_tables.contiguous(), seq_lens.contiguous()
+    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
+        raise ValueError("paged_decode: q and the cache must be bfloat16")
+    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, block_tables, seq_lens)):
+        raise ValueError("paged_decode: CPU tensors only")
+    tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
+    if lens.numel() and int(lens.min()) < 1:
+        raise ValueError("paged_decode: every sequence needs at least one token of KV")
     out = torch.empty(b, hq * d, dtype=torch.bfloat16)
-    lib.parrot_paged_decode(
+    failed = lib.parrot_paged_decode(
         q.data_ptr(),
         q.stride(0),
         k_cache.data_ptr(),
@@ -230,6 +245,8 @@ def paged_decode(
         scale,
         torch.get_num_threads(),
     )
+    if failed:
+        raise MemoryError(f"paged_decode: {failed} work items could not allocate their scores")
     return out
 
 
@@ -251,7 +268,7 @@ def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- fused elementwise steps of the decoder layer (torch reference when not native) ----------
 def _native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
     """The library if every tensor is a contiguous bf16 CPU tensor, kernels are on, no autograd."""
-    lib = _lib if _enabled else None
+    lib = _lib if _on() else None
     if lib is None or torch.is_grad_enabled():
         return None
     for t in tensors:

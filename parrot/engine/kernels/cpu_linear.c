@@ -135,10 +135,12 @@ static void store_tile_rows(const float* c, int64_t rows, const uint16_t* bias, 
 }
 
 /* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0, M <= 64. */
-void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
-                       int64_t M, int64_t N, int64_t K, int num_threads) {
+int parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+                      int64_t M, int64_t N, int64_t K, int num_threads) {
     const int64_t kblocks = K / 32, mblocks = (M + 15) / 16, tile = 512; /* bf16 per 1 KB tile */
+    if (M <= 0) return 0;
     uint16_t* xp = aligned_alloc(64, (size_t)(mblocks * 16 * K * 2));
+    if (xp == NULL) return -1; /* the caller falls back to torch */
     for (int64_t i = 0; i < mblocks * 16; i++) {
         if (i < M) memcpy(xp + i * K, x + i * ldx, (size_t)K * 2);
         else memset(xp + i * K, 0, (size_t)K * 2);
@@ -195,6 +197,7 @@ void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const
         _tile_release();
     }
     free(xp);
+    return 0;
 }
 
 /* ---- Paged decode attention -----------------------------------------------------------------
@@ -202,7 +205,8 @@ void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const
  * paged cache through its block table (no gather copy). Work item = (sequence, KV head): its G
  * query heads share every K/V row read. Scores and softmax in fp32, two passes over K then V. */
 static inline __m512 exp512(__m512 x) { /* e^x, ~1 ulp in fp32 (Cephes polynomial, scalef) */
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
+    /* clamp; operand order keeps NaN (min/max return the second operand when one is NaN) */
+    x = _mm512_max_ps(_mm512_set1_ps(-103.0f), _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -226,15 +230,20 @@ static inline __m512 load_bf16x16(const uint16_t* p) {
 
 /* q: [B, Hq, D] rows q_stride apart; kc/vc: one layer's cache [blocks, bs, Hkv, D]; tables:
  * [B, max_blocks]; lens: [B]; out: [B, Hq * D]. D % 32 == 0, D <= 256, Hq / Hkv <= 16. */
-void parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
-                         const int64_t* tables, int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t B,
-                         int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
+int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
+                            const int64_t* tables, int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t B,
+                            int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
     const int64_t G = Hq / Hkv, row = Hkv * D;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    int64_t failed = 0; /* work items that could not allocate their scores (the caller raises) */
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) reduction(+ : failed)
     for (int64_t task = 0; task < B * Hkv; task++) {
         const int64_t b = task / Hkv, h = task % Hkv, L = lens[b];
         const int64_t* table = tables + b * max_blocks;
-        float* scores = aligned_alloc(64, (size_t)(G * ((L + 15) / 16) * 16 * 4));
+        float* scores = L > 0 ? aligned_alloc(64, (size_t)(G * ((L + 15) / 16) * 16 * 4)) : NULL;
+        if (scores == NULL) {
+            failed++;
+            continue;
+        }
         __m512bh qv[MAX_GROUP][MAX_HEAD_DIM / 32];
         for (int64_t g = 0; g < G; g++)
             for (int64_t c = 0; c < D / 32; c++)
@@ -249,18 +258,18 @@ void parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc
                     acc = _mm512_dpbf16_ps(acc, qv[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
                 float s = _mm512_reduce_add_ps(acc) * scale;
                 scores[g * ((L + 15) / 16) * 16 + t] = s;
-                if (s > mx[g]) mx[g] = s;
+                if (!(s <= mx[g])) mx[g] = s; /* a NaN score makes the row NaN, as in SDPA */
             }
         }
         float inv_sum[MAX_GROUP];
         const int64_t padded = (L + 15) / 16 * 16;
         for (int64_t g = 0; g < G; g++) { /* pass 2: exp and sum, 16 scores at a time */
             float* sg = scores + g * padded;
-            for (int64_t t = L; t < padded; t++) sg[t] = -INFINITY;
             __m512 m = _mm512_set1_ps(mx[g]), sum = _mm512_setzero_ps();
             for (int64_t t = 0; t < padded; t += 16) {
-                __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m));
-                e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_load_ps(sg + t), _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+                /* lanes past the end hold garbage: zero them by index */
+                __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
+                __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m)));
                 _mm512_store_ps(sg + t, e);
                 sum = _mm512_add_ps(sum, e);
             }
@@ -285,6 +294,7 @@ void parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc
         }
         free(scores);
     }
+    return failed;
 }
 
 /* ---- Greedy choice and log-normalizer of bf16 logits ----------------------------------------

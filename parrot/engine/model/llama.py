@@ -34,16 +34,20 @@ class RMSNorm(nn.Module):
 
 
 class PackedWeight:
-    """A weight's AMX tile layout, rebuilt when the weight changes (loading bumps its version)."""
+    """A weight's AMX tile layout, rebuilt when the weight changes (in-place writes such as
+    `copy_` in loading bump its version; writes through `.data` do not and need a new PackedWeight).
+    The packed copy doubles the memory of the bf16 linear weights."""
 
     def __init__(self) -> None:
         self.key: tuple[int, int] | None = None
         self.packed: torch.Tensor | None = None
 
     def get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        if weight.dtype != torch.bfloat16 or not kernels.enabled():
+            return None  # nothing cached: a later call with kernels on still packs
         key = (weight.data_ptr(), weight._version)
         if key != self.key:
-            self.key, self.packed = key, kernels.pack_amx(weight) if kernels.enabled() else None
+            self.key, self.packed = key, kernels.pack_amx(weight)
         return self.packed
 
 
