@@ -36,6 +36,7 @@ from parrot.protocol.engine_api import (
     FreeContextRequest,
     GenerateRequest,
     TokenEvent,
+    check_context_ids,
 )
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.text.tokenizer import Tokenizer
@@ -106,7 +107,7 @@ class LLMEngine:
         """Queue a fill; validation errors raise at once and change nothing."""
         self._check_tokens(req.token_ids)
         with self._cv:
-            self._check_ids(req.context_id, req.parent_context_id, must_exist=False)
+            check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=False)
             base = self._projected_len(req.context_id, req.parent_context_id)
             if base + len(req.token_ids) > self.max_model_len:
                 raise ParrotError(
@@ -124,7 +125,7 @@ class LLMEngine:
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation; returns its job id (for `abort`)."""
         with self._cv:
-            self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
+            check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
             job = self._enqueue(JobKind.GENERATE, req, sink, sampling=req.sampling)
             begin_generation(job, self.tokenizer)
             return job.job_id
@@ -181,18 +182,6 @@ class LLMEngine:
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
-
-    def _check_ids(self, context_id: str, parent_id: str | None, must_exist: bool) -> None:
-        exists = context_id in self.contexts
-        if parent_id is None and must_exist and not exists:
-            raise not_found("context", context_id, "context_id")
-        if parent_id is not None:
-            if exists:
-                raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
-            if parent_id not in self.contexts:
-                raise not_found("parent context", parent_id, "parent_context_id")
-            if parent_id == context_id:
-                raise ParrotError("a context cannot be its own parent", field="parent_context_id")
 
     def _register(self, context_id: str, parent_id: str | None) -> None:
         """A new context is registered at once (a placeholder for a fork until the fork runs)."""

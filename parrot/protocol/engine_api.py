@@ -6,8 +6,11 @@ the parent's KV blocks; the parent's tokens are the child's prefix.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Objective
 from parrot.protocol.sampling import SamplingParams
 
@@ -90,3 +93,19 @@ class EngineStats(_Msg):
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.
     step_ms_by_num_tokens: dict[int, float] = Field(default_factory=dict)
+
+
+def check_context_ids(contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool) -> None:
+    """The engine API's id rules for a Fill (`must_exist=False`) or a Generate (`True`): a fork
+    names a new id and an existing parent other than itself; otherwise a Generate needs the
+    context. Raises ParrotError (404 / 409 / 422) naming the field. Every engine applies them."""
+    exists = context_id in contexts
+    if parent_id is None and must_exist and not exists:
+        raise not_found("context", context_id, "context_id")
+    if parent_id is not None:
+        if exists:
+            raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
+        if parent_id not in contexts:
+            raise not_found("parent context", parent_id, "parent_context_id")
+        if parent_id == context_id:
+            raise ParrotError("a context cannot be its own parent", field="parent_context_id")

@@ -57,6 +57,7 @@ from parrot.protocol.engine_api import (
     FreeContextRequest,
     GenerateRequest,
     TokenEvent,
+    check_context_ids,
 )
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.serve.engine_client import EngineUnavailable
@@ -186,7 +187,7 @@ class OpenAIEngineClient:
         bad = next((t for t in req.token_ids if t < 0), None)
         if bad is not None:  # larger ids are the upstream's to refuse: it knows the model's vocabulary
             raise ParrotError(f"token id {bad} is negative", field="token_ids")
-        self._check_ids(req.context_id, req.parent_context_id, must_exist=False)
+        check_context_ids(self._contexts, req.context_id, req.parent_context_id, must_exist=False)
         source = self._contexts.get(req.parent_context_id or req.context_id)
         base = len(source.token_ids) if source is not None else 0
         if base + len(req.token_ids) > info["max_model_len"]:
@@ -204,7 +205,7 @@ class OpenAIEngineClient:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         info = await self.info()
         await self._settle(req.context_id, req.parent_context_id)  # no await until it is marked generating
-        self._check_ids(req.context_id, req.parent_context_id, must_exist=True)
+        check_context_ids(self._contexts, req.context_id, req.parent_context_id, must_exist=True)
         is_new = req.parent_context_id is not None
         ctx = self._open(req.context_id, req.parent_context_id)
         room = info["max_model_len"] - len(ctx.token_ids)
@@ -313,19 +314,6 @@ class OpenAIEngineClient:
         for cid in (context_id, parent_id):
             while cid is not None and (ctx := self._contexts.get(cid)) is not None and ctx.generating:
                 await ctx.idle.wait()
-
-    def _check_ids(self, context_id: str, parent_id: str | None, must_exist: bool) -> None:
-        """The builtin engine's checks, with its statuses and fields."""
-        exists = context_id in self._contexts
-        if parent_id is None and must_exist and not exists:
-            raise not_found("context", context_id, "context_id")
-        if parent_id is not None:
-            if exists:
-                raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
-            if parent_id not in self._contexts:
-                raise not_found("parent context", parent_id, "parent_context_id")
-            if parent_id == context_id:
-                raise ParrotError("a context cannot be its own parent", field="parent_context_id")
 
     def _open(self, context_id: str, parent_id: str | None) -> _Context:
         """The context, created empty or as a copy of its parent's tokens (ids checked)."""

@@ -50,7 +50,7 @@ class ContextTable:
         self.block_size = block_size
         self.contexts: dict[str, Context] = {}
 
-    def __contains__(self, context_id: str) -> bool:
+    def __contains__(self, context_id: object) -> bool:
         return context_id in self.contexts
 
     def get(self, context_id: str) -> Context:
