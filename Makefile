@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint data bench bench-full bench-engine bench-attention serve clean
+.PHONY: install demo test lint data bench bench-full bench-engine bench-kernels bench-attention serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-full: data
 
 bench-engine: install
 	$(BIN)/python -m benchmarks.engine_bench
+
+bench-kernels: install
+	$(BIN)/python -m benchmarks.kernel_ab
 
 bench-attention: install
 	$(BIN)/python -m benchmarks.attention_bench

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DOT_MAX_ROWS = 4  # the AVX512 dot kernel up to here, then AMX
 AMX_MAX_ROWS = 128  # above this oneDNN's blocking wins (measured: AMX 1.13x at 128 rows, 0.86x at 512)
-_SOURCE = Path(__file__).with_name("cpu_linear.c")
+_SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 _FLAGS += ["-shared", "-fPIC"]
 
@@ -70,7 +70,7 @@ def _build() -> ctypes.CDLL | None:
     if cc is None or not cpu_supports_bf16_dot():
         return None
     key = hashlib.sha256(_SOURCE.read_bytes() + " ".join([cc, *_FLAGS]).encode()).hexdigest()[:16]
-    out = cache_dir() / "kernels" / f"cpu_linear-{key}.so"
+    out = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")

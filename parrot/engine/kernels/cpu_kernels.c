@@ -1,9 +1,15 @@
-/* Small-batch bf16 linear layers for x86 CPUs with AVX512-BF16: y[M, N] = x[M, K] @ w[N, K]^T.
+/* Parrot's native CPU kernels for the bf16 decoder (x86: AVX512-BF16, AMX-BF16).
  *
- * Decode steps with few sequences are matrix-vector products: they read every weight once and do
- * almost no arithmetic, so their speed is memory bandwidth. oneDNN's bf16 path reaches ~8 GB/s
- * there on this class of machine; this kernel streams each weight row once for all M <= 4 input
- * rows (vdpbf16ps, fp32 accumulation, software prefetch) and reaches ~15 GB/s.
+ * 1. parrot_linear_bf16: y[M, N] = x[M, K] @ w[N, K]^T for M <= 4. Decode steps with few sequences
+ *    are matrix-vector products: they read every weight once and do almost no arithmetic, so their
+ *    speed is memory bandwidth. oneDNN's bf16 path reaches ~8 GB/s there on this class of machine;
+ *    this kernel streams each weight row once for all rows (vdpbf16ps, fp32 accumulation, software
+ *    prefetch) and reaches ~15 GB/s.
+ * 2. parrot_linear_amx: the same for 5..128 rows, over weights prepacked into AMX tiles.
+ * 3. parrot_paged_decode: one query token per sequence over its paged KV, read in place.
+ * 4. parrot_argmax_logsumexp: greedy choice and log-normalizer of bf16 logits.
+ * 5. parrot_rmsnorm (with the residual add), parrot_rope, parrot_silu_mul: the per-layer
+ *    elementwise steps, rounding where the torch reference rounds.
  *
  * Built at first use by parrot/engine/kernels/__init__.py (gcc -O3 -fopenmp); it links the OpenMP
  * runtime torch already loaded, and takes its thread count from torch.

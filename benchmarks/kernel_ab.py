@@ -1,0 +1,115 @@
+"""Native CPU kernels against torch ops, in the same engine and the same run (A/B, interleaved).
+
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048]
+
+dN: one decode step with N sequences (32-token prompts), driven in this thread so that only the
+step itself is timed; pN: a prompt of N tokens to its first token (fill + generate submitted
+together). Each case runs three times per setting, alternating, and reports the best of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import random
+import time
+
+import torch
+
+from parrot.engine import blocking, kernels
+from parrot.engine.config import EngineConfig
+from parrot.engine.engine import LLMEngine
+from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
+from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+
+
+class StepTimer:
+    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+        self.engine = engine
+        self.rng = random.Random(seed)
+        self.ids = itertools.count()
+
+    def _prompt(self, n: int) -> list[int]:
+        return [self.rng.randrange(100, 40000) for _ in range(n)]
+
+    def decode_ms(self, batch: int, steps: int = 12) -> float:
+        """Mean step time with `batch` sequences decoding (the loop thread stopped, steps run here)."""
+        eng = self.engine
+        cids = [f"d{next(self.ids)}" for _ in range(batch)]
+        for c in cids:
+            blocking.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
+        eng.stop()
+        sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+        for c in cids:
+            eng.submit_generate(GenerateRequest(context_id=c, sampling=sampling), lambda e: None)
+
+        def step() -> None:
+            plan = eng._next_plan()
+            assert plan is not None
+            seqs = eng.runner.row_order(plan)
+            tokens, logprobs = eng.runner.run(seqs)
+            eng._apply(plan, seqs, tokens, logprobs, 0.0)
+
+        try:
+            eng._stopping = False
+            step()
+            step()  # warm: packs weights, sizes buffers
+            t0 = time.perf_counter()
+            for _ in range(steps - 2):
+                step()
+            elapsed = (time.perf_counter() - t0) / (steps - 2)
+            while eng.scheduler.has_work():
+                step()
+        finally:
+            eng.start()
+        for c in cids:
+            eng.free_context(FreeContextRequest(context_id=c))
+        return elapsed * 1000
+
+    def prefill_ms(self, n: int) -> float:
+        cid = f"p{next(self.ids)}"
+        t0 = time.perf_counter()
+        blocking.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+        req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
+        blocking.wait_generate(blocking.submit_generate(self.engine, req))
+        elapsed = time.perf_counter() - t0
+        self.engine.free_context(FreeContextRequest(context_id=cid))
+        return elapsed * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", default=["d1", "d8", "d32", "d64", "p128", "p512", "p2048"])
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    if not kernels.available():
+        raise SystemExit("native kernels unavailable here (needs gcc and an AVX512-BF16 CPU)")
+    torch.set_num_threads(a.threads)
+    folder = resolve_model_folder(DEFAULT_MODEL)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096))
+    engine.start()
+    timer = StepTimer(engine)
+    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads: best of 3, native kernels vs torch ops")
+    try:
+        for case in a.cases:
+            kind, n = case[0], int(case[1:])
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(3):
+                for native in (True, False):
+                    # The switch is per thread: the loop thread (prefill) reads the config when it
+                    # starts, the decode steps run in this thread.
+                    engine.stop()
+                    engine.config = dataclasses.replace(engine.config, cpu_kernels=native)
+                    engine.start()
+                    kernels.set_enabled(native)
+                    ms = timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n)
+                    best[native] = min(best[native], ms)
+            label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
+            print(f"{label}: kernels {best[True]:.1f} ms, torch {best[False]:.1f} ms, {best[False] / best[True]:.2f}x")
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()
