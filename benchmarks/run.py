@@ -83,7 +83,7 @@ class Context:
     timeout_s: float
 
 
-async def run_unit(scenario: Scenario, config: Config, ctx: Context) -> dict[str, Any]:
+async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int = 0) -> dict[str, Any]:
     server = ctx.servers.get(config.server)
     sampler = ctx.rtt.sampler(f"rtt/{scenario.key}")  # the same draws for every configuration
     client = Networked(ctx.clients[config.server](), sampler)
@@ -98,7 +98,9 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context) -> dict[str
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     started = time.perf_counter()
     try:
-        outcome = await asyncio.wait_for(scenario.run(scenario.params, target, ctx.corpus), ctx.timeout_s)
+        # Salted per configuration and repeat: no run is served from another run's prefix cache.
+        corpus = ctx.corpus.salted(f"{config.key}-{repeat}")
+        outcome = await asyncio.wait_for(scenario.run(scenario.params, target, corpus), ctx.timeout_s)
         record |= {
             "metrics": outcome.metrics,
             "num_calls": outcome.num_calls,
@@ -167,7 +169,7 @@ async def run_all(
             began = time.monotonic()
             for config in group:
                 bar.set_postfix_str(f"{scenario.key} on {config.label}" + (f" (repeat {repeat})" if repeat else ""))
-                record = await run_unit(scenario, config, ctx) | {"repeat": repeat}
+                record = await run_unit(scenario, config, ctx, repeat) | {"repeat": repeat}
                 if "error" in record:
                     tqdm.write(f"  ! {scenario.key} on {config.label}: {record['error']}")
                 records.append(record)

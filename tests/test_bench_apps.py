@@ -342,3 +342,38 @@ def test_table_compares_vllm_with_parrot_over_vllm() -> None:
     lines = render_table(results).splitlines()
     assert lines[0].endswith("| Parrot+vLLM/Parrot | (d)/Parrot | (d)/Parrot+vLLM | runs | paper |")
     assert "| 4.00 | 6.00 | — | 3.00 | 4.50 | 1.50x | — | 0.75x | 1.12x | 1.50x | 0 |" in lines[2]
+
+
+def test_salted_corpus_keeps_runs_apart(tiny_model_folder: Path) -> None:
+    corpus = TinyCorpus(Tokenizer(tiny_model_folder))
+    doc = corpus.documents(1, 0)[0]
+    plain = corpus.chunks(doc, 16, 2)
+    a, b = corpus.salted("parrot-0"), corpus.salted("parrot-1")
+    assert a.chunks(doc, 16, 2) == ["(run parrot-0) " + c for c in plain]
+    assert b.truncate(doc.text, 8).startswith("(run parrot-1) ")
+    assert corpus.chunks(doc, 16, 2) == plain  # the base corpus is unchanged
+    assert a._ids is corpus._ids  # tokenizations are shared, not redone per run
+
+
+def test_a_repeat_is_not_served_from_the_previous_runs_cache(tiny_server: LocalServer) -> None:
+    """The manager shares prefixes across sessions; a repeat must still compute its prompts."""
+    corpus = TinyCorpus(Tokenizer(tiny_server.engine.model_folder))
+    params = map_reduce.Params(chunk_tokens=24, output_tokens=3, num_chunks=3)
+    scenario = Scenario(map_reduce.NAME, "mr/tiny", "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
+    ctx = Context(
+        scale=QUICK,
+        corpus=corpus,
+        rtt=RttModel((1.0,)),
+        servers={"tiny": tiny_server},
+        clients={"tiny": lambda: SessionClient(tiny_server.url)},
+        client_kind={"tiny": "sessions"},
+        timeout_s=120.0,
+    )
+    config = Config("parrot", "Parrot", "tiny", parrot=True)
+
+    async def go() -> list[dict]:
+        return [await run_unit(scenario, config, ctx, repeat) for repeat in (0, 1)]
+
+    first, second = asyncio.run(go())
+    assert "error" not in first and "error" not in second
+    assert second["prefill_tokens"] == first["prefill_tokens"] > 3 * 24

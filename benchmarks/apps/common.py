@@ -10,10 +10,10 @@ call). Both return an `Outcome`; the runner (benchmarks/run.py) checks it and re
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from benchmarks import data
@@ -108,6 +108,17 @@ class Corpus:
         self.tokenizer = tokenizer
         self._documents: tuple[data.Document, ...] | None = None
         self._ids: dict[str, list[int]] = {}
+        self._memo: dict[tuple, tuple] = {}
+        self._salt = ""
+
+    def salted(self, salt: str) -> Corpus:
+        """The same data, every text piece (chunks, truncated prompts) starting with `(run
+        <salt>)`: one run's calls share prefixes among themselves, but never with an earlier run
+        or another configuration (whose caches would otherwise serve a repeat or a peer on the
+        same server). Loaded data and tokenizations are shared with this corpus."""
+        view = copy.copy(self)
+        view._salt = f"(run {salt}) "
+        return view
 
     def documents(self, n: int, min_tokens: int) -> tuple[data.Document, ...]:
         if self._documents is None:
@@ -134,20 +145,24 @@ class Corpus:
             raise ValueError(f"{doc.name} has {len(ids)} tokens, fewer than {num_chunks} x {chunk_tokens}")
         return [self.text(ids[i * chunk_tokens : (i + 1) * chunk_tokens]) for i in range(num_chunks)]
 
-    @cache  # noqa: B019  (one Corpus per run)
     def chat_turns(self, n: int, seed: int, max_prompt_tokens: int) -> tuple[data.ChatTurn, ...]:
-        return tuple(data.load_chat_turns(n, seed, self.tokenizer, max_prompt_len=max_prompt_tokens))
+        key = ("chat", n, seed, max_prompt_tokens)
+        if key not in self._memo:
+            self._memo[key] = tuple(data.load_chat_turns(n, seed, self.tokenizer, max_prompt_len=max_prompt_tokens))
+        return self._memo[key]
 
-    @cache  # noqa: B019
     def system_prompts(self, n: int, seed: int) -> tuple[data.SystemPrompt, ...]:
-        return tuple(data.load_system_prompts(n, seed))
+        key = ("system", n, seed)
+        if key not in self._memo:
+            self._memo[key] = tuple(data.load_system_prompts(n, seed))
+        return self._memo[key]
 
     def truncate(self, text: str, num_tokens: int) -> str:
         """The first `num_tokens` tokens of `text`, as template-safe text."""
         return self.text(self.tokenizer.encode(text)[:num_tokens])
 
     def text(self, ids: list[int]) -> str:
-        return literal(self.tokenizer.decode(ids))
+        return self._salt + literal(self.tokenizer.decode(ids))
 
     def num_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
