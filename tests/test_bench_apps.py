@@ -267,19 +267,24 @@ def tiny_server(tiny_model_folder: Path):  # type: ignore[no-untyped-def]
     server.stop()
 
 
-def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: LocalServer) -> None:
-    corpus = TinyCorpus(Tokenizer(tiny_server.engine.model_folder))
-    params = map_reduce.Params(chunk_tokens=24, output_tokens=5, num_chunks=3)
+def tiny_map_reduce(server: LocalServer, output_tokens: int, rtt_ms: float) -> tuple[Scenario, Context]:
+    """Map-reduce over 3 chunks of 24 tokens on the tiny server, one round trip of `rtt_ms`."""
+    params = map_reduce.Params(chunk_tokens=24, output_tokens=output_tokens, num_chunks=3)
     scenario = Scenario(map_reduce.NAME, "mr/tiny", "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
     ctx = Context(
         scale=QUICK,
-        corpus=corpus,
-        rtt=RttModel((20.0,)),
-        servers={"tiny": tiny_server},
-        clients={"tiny": lambda: SessionClient(tiny_server.url)},
+        corpus=TinyCorpus(Tokenizer(server.engine.model_folder)),
+        rtt=RttModel((rtt_ms,)),
+        servers={"tiny": server},
+        clients={"tiny": lambda: SessionClient(server.url)},
         client_kind={"tiny": "sessions"},
         timeout_s=120.0,
     )
+    return scenario, ctx
+
+
+def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: LocalServer) -> None:
+    scenario, ctx = tiny_map_reduce(tiny_server, output_tokens=5, rtt_ms=20.0)
     configs = [
         Config("parrot", "Parrot", "tiny", parrot=True),
         Config("no_dag", "no DAG", "tiny", parrot=True, server_dag=False),
@@ -357,18 +362,7 @@ def test_salted_corpus_keeps_runs_apart(tiny_model_folder: Path) -> None:
 
 def test_a_repeat_is_not_served_from_the_previous_runs_cache(tiny_server: LocalServer) -> None:
     """The manager shares prefixes across sessions; a repeat must still compute its prompts."""
-    corpus = TinyCorpus(Tokenizer(tiny_server.engine.model_folder))
-    params = map_reduce.Params(chunk_tokens=24, output_tokens=3, num_chunks=3)
-    scenario = Scenario(map_reduce.NAME, "mr/tiny", "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
-    ctx = Context(
-        scale=QUICK,
-        corpus=corpus,
-        rtt=RttModel((1.0,)),
-        servers={"tiny": tiny_server},
-        clients={"tiny": lambda: SessionClient(tiny_server.url)},
-        client_kind={"tiny": "sessions"},
-        timeout_s=120.0,
-    )
+    scenario, ctx = tiny_map_reduce(tiny_server, output_tokens=3, rtt_ms=1.0)
     config = Config("parrot", "Parrot", "tiny", parrot=True)
 
     async def go() -> list[dict]:
