@@ -371,3 +371,27 @@ def test_registered_by_name_and_device() -> None:
 
     backend = make_backend("shared_prefix", KVCache(1, 4, 16, HKV, D, torch.float32), HQ, HKV, D)
     assert type(backend) is SharedPrefixAttention  # CPU cache: the PyTorch path, not the Triton one
+
+
+def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
+    """With native per-context decode, the cascade needs 4+ rows sharing 768+ tokens; the torch
+    path keeps the lower thresholds; an explicit grouping is always kept."""
+    from parrot.engine import kernels
+    from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
+
+    def backend_for(dtype: torch.dtype, rows: int, shared_blocks: int, grouping: GroupingConfig | None = None):  # type: ignore[no-untyped-def]
+        cache = KVCache(1, shared_blocks + rows + 1, 16, 3, 64, dtype)
+        seqs = [SeqSpec(1, shared_blocks * 16 + 8, [*range(shared_blocks), shared_blocks + r]) for r in range(rows)]
+        backend = SharedPrefixAttention(cache, 9, 3, 64, grouping)
+        backend.prepare_decode(seqs)
+        return backend
+
+    native = kernels.enabled()
+    small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
+    assert (small.plan is None) == native
+    assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay
+    assert backend_for(torch.bfloat16, 4, 48).plan is not None  # 4 rows x 768 tokens: cascade either way
+    explicit = backend_for(torch.bfloat16, 2, 20, GroupingConfig())
+    assert explicit.plan is not None and explicit.step_grouping() == GroupingConfig()
+    if native:
+        assert small.step_grouping() == NATIVE_GROUPING
