@@ -86,11 +86,7 @@ class PagedAttention:
         lens = torch.tensor([s.seq_len for s in seqs])
         self.decode_tables = tables  # [B, max_blocks]
         self.decode_lens = lens
-        self.native_decode = (
-            self.cache.k.device.type == "cpu"
-            and kernels.paged_decode_supported(self.cache.k.dtype, self.num_heads, self.num_kv_heads, self.head_dim)
-            and kernels.enabled()
-        )
+        self.native_decode = kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim)
         if self.native_decode:
             return  # the native kernel reads the cache in place: no masks, no gather buffers
         # [B, 1, 1, max_blocks * bs]: True where the slot holds this sequence's KV.

@@ -62,10 +62,7 @@ class SharedPrefixAttention(PagedAttention):
     def step_grouping(self) -> GroupingConfig:
         if self.grouping is not None:
             return self.grouping
-        native = self.cache.k.device.type == "cpu" and kernels.enabled()
-        native = native and kernels.paged_decode_supported(
-            self.cache.k.dtype, self.num_heads, self.num_kv_heads, self.head_dim
-        )
+        native = kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim)
         return NATIVE_GROUPING if native else GroupingConfig()
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:

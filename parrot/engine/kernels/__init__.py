@@ -102,6 +102,8 @@ def _build() -> ctypes.CDLL | None:
 def load() -> ctypes.CDLL | None:
     """The kernel library, built once per process (None where it cannot be built)."""
     global _lib, _tried, _amx
+    if _tried:  # the hot path (every layer asks): no lock once the build was tried
+        return _lib
     with _lock:
         if not _tried:
             _tried = True
@@ -190,6 +192,12 @@ def linear(
     if fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()):
         return F.linear(x, weight, bias)  # the AMX kernel could not allocate its padded input
     return y
+
+
+def paged_decode_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether this thread's decode over a cache like `cache_k` runs on `paged_decode`."""
+    supported = paged_decode_supported(cache_k.dtype, num_heads, num_kv_heads, head_dim)
+    return cache_k.device.type == "cpu" and supported and enabled()
 
 
 def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -310,22 +318,36 @@ def add_rms_norm(
     return r, out
 
 
+class Rotary:
+    """Rotary embedding at one step's `positions` [N], from fp32 tables [max_len, D] (rounded to
+    x's dtype first, as the reference does). Built once per forward pass and applied in every
+    layer: native in bf16 (in place), else torch ops on tables gathered once for the step."""
+
+    def __init__(self, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
+        self.positions, self.cos_table, self.sin_table = positions, cos_table, sin_table
+        self._gathered: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, heads, D] (rows may be strided, e.g. a view into the qkv projection)."""
+        lib = _native(x[0:0])
+        d = x.shape[-1]
+        pos = self.positions
+        if lib is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or pos.dtype != torch.int64:
+            if x.dtype not in self._gathered:
+                cos = self.cos_table[pos].to(x.dtype).unsqueeze(1)
+                self._gathered[x.dtype] = (cos, self.sin_table[pos].to(x.dtype).unsqueeze(1))
+            return apply_rope(x, *self._gathered[x.dtype])
+        n, h, _ = x.shape
+        pos, ct, st = pos.contiguous(), self.cos_table.contiguous(), self.sin_table.contiguous()
+        lib.parrot_rope(
+            x.data_ptr(), x.stride(0), n, h, d, ct.data_ptr(), st.data_ptr(), pos.data_ptr(), torch.get_num_threads()
+        )
+        return x
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [N, heads, D] at `positions` [N], from fp32 tables [max_len, D]
-    (rounded to x's dtype first, as the reference does). Native in bf16: in place, returns x."""
-    lib = _native(x[0:0])  # rows may be strided (a view into the qkv projection)
-    d = x.shape[-1]
-    if lib is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or positions.dtype != torch.int64:
-        cos = cos_table[positions].to(x.dtype).unsqueeze(1)
-        sin = sin_table[positions].to(x.dtype).unsqueeze(1)
-        return apply_rope(x, cos, sin)
-    n, h, _ = x.shape
-    pos = positions.contiguous()
-    ct, st = cos_table.contiguous(), sin_table.contiguous()
-    lib.parrot_rope(
-        x.data_ptr(), x.stride(0), n, h, d, ct.data_ptr(), st.data_ptr(), pos.data_ptr(), torch.get_num_threads()
-    )
-    return x
+    """`Rotary(positions, cos_table, sin_table).apply(x)` for a single use."""
+    return Rotary(positions, cos_table, sin_table).apply(x)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

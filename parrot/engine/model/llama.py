@@ -80,18 +80,17 @@ class DecoderLayer(nn.Module):
         idx: int,
         x: torch.Tensor,
         h: torch.Tensor,
-        positions: torch.Tensor,
-        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        rotary: kernels.Rotary,
         attend: AttendFn,
         next_norm: RMSNorm,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the residual stream [N, hidden]; h = input_norm(x); rope_tables: fp32 (cos, sin).
+        """x: the residual stream [N, hidden]; h = input_norm(x); rotary: this step's positions.
         Returns the new residual and `next_norm` of it (the next layer's input norm, or the final
         norm), each residual add fused with the norm after it."""
         cfg, n = self.cfg, x.shape[0]
         qk, v = self.qkv(h).split(self.qk_v, dim=-1)
         # One rotary op over the q and k heads together: [N, Hq + Hkv, D].
-        qk = kernels.rope(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), positions, *rope_tables)
+        qk = rotary.apply(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim))
         q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         x, h = kernels.add_rms_norm(x, self.o(attend(idx, q, k, v)), self.post_attn_norm.weight, cfg.rms_norm_eps)
@@ -119,9 +118,10 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         layers = [cast(DecoderLayer, layer) for layer in self.layers]
         h = layers[0].input_norm(x)
+        rotary = kernels.Rotary(positions, self.cos, self.sin)  # gathered once for all layers
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
-            x, h = layer(i, x, h, positions, (self.cos, self.sin), attend, next_norm)
+            x, h = layer(i, x, h, rotary, attend, next_norm)
         return h
 
     def logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
