@@ -73,11 +73,21 @@ class Scheduler:
         return plan
 
     def _token_budget(self) -> int:
-        cap = self.config.latency_max_batched_tokens
-        jobs = self.running + self.waiting
-        if cap is not None and any(j.objective == Objective.LATENCY for j in jobs):
-            return min(cap, self.config.max_num_batched_tokens)
-        return self.config.max_num_batched_tokens
+        """The step's token budget. Latency-critical work that decodes caps it (every step is one
+        of its output tokens); latency-critical work that only prefills gets prefill-sized steps."""
+        cfg = self.config
+        cap = cfg.latency_max_batched_tokens
+        latency = [j for j in self.running + self.waiting if j.objective == Objective.LATENCY]
+        if cap is None or not latency:
+            return cfg.max_num_batched_tokens
+        if cfg.latency_prefill_tokens is not None and not any(self._decoding(j) for j in latency):
+            cap = max(cap, cfg.latency_prefill_tokens)
+        return min(cap, cfg.max_num_batched_tokens)
+
+    def _decoding(self, job: Job) -> bool:
+        """A Generate that can run and whose prompt is computed: each step makes one of its tokens
+        (also one not yet admitted, e.g. right after a fill handed its first token over)."""
+        return job.kind is JobKind.GENERATE and self._ready(job) and self._need(job) <= 1
 
     def _admit(self, plan: StepPlan, budget: int, now: float, protected: set[str]) -> None:
         self.waiting.sort(key=lambda j: self.order_key(j, now))
