@@ -76,7 +76,10 @@ def test_switch_off_gives_torch_bits() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"), [(9, 3, 64, 16), (4, 4, 128, 1)])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(9, 3, 64, 16), (4, 4, 128, 1), (8, 2, 32, 5)],  # two inlined shapes, then the generic path
+)
 def test_paged_decode_matches_the_sdpa_path(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
     from parrot.engine.attention.base import PagedAttention, SeqSpec
     from parrot.engine.kv.cache import KVCache

@@ -374,7 +374,7 @@ def test_registered_by_name_and_device() -> None:
 
 
 def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
-    """With native per-context decode, the cascade needs 4+ rows sharing 768+ tokens; the torch
+    """With native per-context decode, the cascade needs 24+ rows sharing 1,024+ tokens; the torch
     path keeps the lower thresholds; an explicit grouping is always kept."""
     from parrot.engine import kernels
     from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
@@ -390,7 +390,8 @@ def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
     small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
     assert (small.plan is None) == native
     assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay
-    assert backend_for(torch.bfloat16, 4, 48).plan is not None  # 4 rows x 768 tokens: cascade either way
+    assert (backend_for(torch.bfloat16, 6, 64).plan is None) == native  # 6 rows x 1,024 tokens
+    assert backend_for(torch.bfloat16, 24, 64).plan is not None  # 24 rows x 1,024 tokens: cascade either way
     explicit = backend_for(torch.bfloat16, 2, 20, GroupingConfig())
     assert explicit.plan is not None and explicit.step_grouping() == GroupingConfig()
     if native:

@@ -234,71 +234,132 @@ static inline __m512 load_bf16x16(const uint16_t* p) {
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
 
+/* Sixteen horizontal sums at once: the tree leaves the sum of v[j] in lane REDUCE_ORDER[j]. That
+ * map is a 4x4 transpose, its own inverse, so a caller that puts token i's products at
+ * v[REDUCE_ORDER[i]] gets token i's sum in lane i. 15 adds and 30 shuffles for 16 sums, against
+ * 16 separate reductions of ~8 dependent steps each. */
+static const int64_t REDUCE_ORDER[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+static inline __m512 reduce16(const __m512 v[16]) {
+    __m512 b[8], c[4], d[2];
+    for (int j = 0; j < 8; j++) /* 256-bit halves: [v2j partials | v2j+1 partials] */
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+    for (int j = 0; j < 4; j++) /* 128-bit lanes: one vector's 4 partials each */
+        c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; j++) /* pairs of floats */
+        d[j] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c[2 * j]), _mm512_castps_pd(c[2 * j + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c[2 * j]), _mm512_castps_pd(c[2 * j + 1]))));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+
+/* One work item (sequence b, KV head h) of parrot_paged_decode; 1 if its scores could not be
+ * allocated. Inlined with constant G and D for the common shapes, so the accumulators stay in
+ * registers and the loops unroll. */
+static inline __attribute__((always_inline)) int64_t decode_task(
+    const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc, const int64_t* tables,
+    int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t task, int64_t Hkv, int64_t bs, float scale,
+    const int64_t G, const int64_t D) {
+    const int64_t Hq = Hkv * G, row = Hkv * D;
+    const int64_t b = task / Hkv, h = task % Hkv, L = lens[b];
+    const int64_t* table = tables + b * max_blocks;
+    float* scores = L > 0 ? aligned_alloc(64, (size_t)(G * ((L + 15) / 16) * 16 * 4)) : NULL;
+    if (scores == NULL) return 1;
+    __m512bh qv[MAX_GROUP][MAX_HEAD_DIM / 32];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / 32; c++)
+            qv[g][c] = (__m512bh)_mm512_loadu_si512(q + b * q_stride + (h * G + g) * D + c * 32);
+    const int64_t padded = (L + 15) / 16 * 16;
+    __m512 vmax[MAX_GROUP];
+    __mmask16 nan[MAX_GROUP];
+    for (int64_t g = 0; g < G; g++) vmax[g] = _mm512_set1_ps(-INFINITY), nan[g] = 0;
+    int64_t blk = 0, off = 0; /* the next token's block-table index and slot: no divisions */
+    for (int64_t t0 = 0; t0 < L; t0 += 16) { /* pass 1: scores, 16 tokens per vector */
+        const int64_t n = L - t0 < 16 ? L - t0 : 16;
+        const uint16_t* krow[16];
+        for (int64_t i = 0; i < n; i++) {
+            krow[i] = kc + (table[blk] * bs + off) * row + h * D;
+            if (++off == bs) off = 0, blk++;
+        }
+        const __mmask16 live = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        for (int64_t g = 0; g < G; g++) {
+            __m512 dots[16];
+            for (int64_t j = 0; j < 16; j++) {
+                const int64_t i = REDUCE_ORDER[j]; /* dots[j] holds token t0 + i: see reduce16 */
+                __m512 acc = _mm512_setzero_ps();
+                if (i < n)
+                    for (int64_t c = 0; c < D / 32; c++)
+                        acc = _mm512_dpbf16_ps(acc, qv[g][c], (__m512bh)_mm512_loadu_si512(krow[i] + c * 32));
+                dots[j] = acc;
+            }
+            __m512 sv = _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
+            _mm512_store_ps(scores + g * padded + t0, sv);
+            nan[g] |= _mm512_mask_cmp_ps_mask(live, sv, sv, _CMP_UNORD_Q);
+            vmax[g] = _mm512_mask_max_ps(vmax[g], live, vmax[g], sv);
+        }
+    }
+    float mx[MAX_GROUP];
+    for (int64_t g = 0; g < G; g++) /* a NaN score makes the row NaN, as in SDPA */
+        mx[g] = nan[g] ? NAN : _mm512_reduce_max_ps(vmax[g]);
+    float inv_sum[MAX_GROUP];
+    for (int64_t g = 0; g < G; g++) { /* pass 2: exp and sum, 16 scores at a time */
+        float* sg = scores + g * padded;
+        __m512 m = _mm512_set1_ps(mx[g]), sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < padded; t += 16) {
+            /* lanes past the end hold garbage: zero them by index */
+            __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m)));
+            _mm512_store_ps(sg + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
+    blk = off = 0;
+    for (int64_t t = 0; t < L; t++) { /* pass 3: weighted V */
+        const uint16_t* v = vc + (table[blk] * bs + off) * row + h * D;
+        if (++off == bs) off = 0, blk++;
+        for (int64_t c = 0; c < D / 16; c++) {
+            __m512 vv = load_bf16x16(v + c * 16);
+            for (int64_t g = 0; g < G; g++)
+                acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * padded + t]), vv, acc[g][c]);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        uint16_t* o = out + b * Hq * D + (h * G + g) * D;
+        for (int64_t c = 0; c < D / 16; c++)
+            _mm256_storeu_si256((__m256i*)(o + c * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_sum[g]))));
+    }
+    free(scores);
+    return 0;
+}
+
 /* q: [B, Hq, D] rows q_stride apart; kc/vc: one layer's cache [blocks, bs, Hkv, D]; tables:
  * [B, max_blocks]; lens: [B]; out: [B, Hq * D]. D % 32 == 0, D <= 256, Hq / Hkv <= 16. */
 int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
                             const int64_t* tables, int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t B,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
-    const int64_t G = Hq / Hkv, row = Hkv * D;
+    const int64_t G = Hq / Hkv;
     int64_t failed = 0; /* work items that could not allocate their scores (the caller raises) */
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) reduction(+ : failed)
     for (int64_t task = 0; task < B * Hkv; task++) {
-        const int64_t b = task / Hkv, h = task % Hkv, L = lens[b];
-        const int64_t* table = tables + b * max_blocks;
-        float* scores = L > 0 ? aligned_alloc(64, (size_t)(G * ((L + 15) / 16) * 16 * 4)) : NULL;
-        if (scores == NULL) {
-            failed++;
-            continue;
-        }
-        __m512bh qv[MAX_GROUP][MAX_HEAD_DIM / 32];
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t c = 0; c < D / 32; c++)
-                qv[g][c] = (__m512bh)_mm512_loadu_si512(q + b * q_stride + (h * G + g) * D + c * 32);
-        float mx[MAX_GROUP];
-        for (int64_t g = 0; g < G; g++) mx[g] = -INFINITY;
-        for (int64_t t = 0; t < L; t++) { /* pass 1: scores */
-            const uint16_t* k = kc + (table[t / bs] * bs + t % bs) * row + h * D;
-            for (int64_t g = 0; g < G; g++) {
-                __m512 acc = _mm512_setzero_ps();
-                for (int64_t c = 0; c < D / 32; c++)
-                    acc = _mm512_dpbf16_ps(acc, qv[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
-                float s = _mm512_reduce_add_ps(acc) * scale;
-                scores[g * ((L + 15) / 16) * 16 + t] = s;
-                if (!(s <= mx[g])) mx[g] = s; /* a NaN score makes the row NaN, as in SDPA */
-            }
-        }
-        float inv_sum[MAX_GROUP];
-        const int64_t padded = (L + 15) / 16 * 16;
-        for (int64_t g = 0; g < G; g++) { /* pass 2: exp and sum, 16 scores at a time */
-            float* sg = scores + g * padded;
-            __m512 m = _mm512_set1_ps(mx[g]), sum = _mm512_setzero_ps();
-            for (int64_t t = 0; t < padded; t += 16) {
-                /* lanes past the end hold garbage: zero them by index */
-                __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
-                __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m)));
-                _mm512_store_ps(sg + t, e);
-                sum = _mm512_add_ps(sum, e);
-            }
-            inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
-        }
-        __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < L; t++) { /* pass 3: weighted V */
-            const uint16_t* v = vc + (table[t / bs] * bs + t % bs) * row + h * D;
-            for (int64_t c = 0; c < D / 16; c++) {
-                __m512 vv = load_bf16x16(v + c * 16);
-                for (int64_t g = 0; g < G; g++)
-                    acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * padded + t]), vv, acc[g][c]);
-            }
-        }
-        for (int64_t g = 0; g < G; g++) {
-            uint16_t* o = out + b * Hq * D + (h * G + g) * D;
-            for (int64_t c = 0; c < D / 16; c++)
-                _mm256_storeu_si256((__m256i*)(o + c * 16),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_sum[g]))));
-        }
-        free(scores);
+#define DECODE_TASK(GG, DD) decode_task(q, q_stride, kc, vc, tables, max_blocks, lens, out, task, Hkv, bs, scale, GG, DD)
+        if (G == 3 && D == 64) /* SmolLM2 */
+            failed += DECODE_TASK(3, 64);
+        else if (G == 1 && D == 128) /* LLaMA-2 7B/13B, Vicuna */
+            failed += DECODE_TASK(1, 128);
+        else if (G == 4 && D == 128) /* LLaMA-3 8B, Mistral 7B */
+            failed += DECODE_TASK(4, 128);
+        else if (G == 1 && D == 64)
+            failed += DECODE_TASK(1, 64);
+        else
+            failed += DECODE_TASK(G, D);
+#undef DECODE_TASK
     }
     return failed;
 }
