@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import queue
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix import (
     GroupingConfig,
@@ -36,6 +38,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.sampling import SamplingParams
 
 HQ, HKV, D = 9, 3, 64  # the default model's attention shape
+needs_native = pytest.mark.skipif(not kernels.available(), reason="needs gcc and an AVX512-BF16 CPU")
 TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 4e-3, "rtol": 1.6e-2}}
 
 # A batch spec: members are an int (a decode row: a context of that many own tokens, its newest
@@ -125,13 +128,27 @@ def small_specs(seed: int) -> dict[str, Spec]:
     }
 
 
+@pytest.fixture
+def torch_kernels() -> Iterator[None]:
+    """The torch ops in this thread (the torch cascade, not the native one)."""
+    previous = kernels.enabled()
+    kernels.set_enabled(False)
+    try:
+        yield
+    finally:
+        kernels.set_enabled(previous)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtype, seed: int) -> None:
+def test_shared_equals_per_context(
+    case: str, block_size: int, dtype: torch.dtype, seed: int, torch_kernels: None
+) -> None:
     shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig())
     assert shared.plan is not None and shared.plan.segments and shared.cascade is not None
+    assert shared.pieces is None
     if case == "nested_several_groups":  # system prompt, its 2 documents, the other group
         assert len(shared.plan.segments) == 4
         assert max(sum(r in s.rows for s in shared.plan.segments) for r in range(16)) == 2  # two levels
@@ -139,6 +156,65 @@ def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtyp
             assert shared.cascade.perm is not None  # shuffled rows: processed in trie order
     if case == "long_suffixes":  # tails of 1-2048 tokens: padded per bucket of similar lengths
         assert len(shared.cascade.tails) > 1
+
+
+@needs_native
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int) -> None:
+    """The native cascade against the per-context path (itself native), nested groups included."""
+    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig())
+    assert shared.plan is not None and shared.pieces is not None and shared.cascade is None
+    pieces = shared.pieces
+    # Every row reads its tail plus each segment it is in, split in runs of <= 256 tokens.
+    run_tokens = 256 // block_size * block_size
+    runs = {i: -(-s.num_tokens // run_tokens) for i, s in enumerate(shared.plan.segments)}
+    for row in range(len(shared.plan.tail_lens)):
+        expected = 1 + sum(runs[i] for i, s in enumerate(shared.plan.segments) if row in s.rows)
+        assert int(pieces.slot_ptr[row + 1] - pieces.slot_ptr[row]) == expected
+
+
+@needs_native
+def test_native_cascade_matches_an_fp64_reference() -> None:
+    """Shared prefix + tails through the native kernel vs attention in float64 over the same KV."""
+    rng = torch.Generator().manual_seed(5)
+    bs, hq, hkv, d, shared_blocks = 16, 9, 3, 64, 37
+    kc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).bfloat16()
+    vc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).bfloat16()
+    tails = [1, 5, 16, 17, 100]
+    pieces_in = [([0, 1, 2, 3, 4], list(range(shared_blocks)), shared_blocks * bs)]
+    first = shared_blocks
+    tables = []
+    for row, n in enumerate(tails):
+        blocks = list(range(first, first + -(-n // bs)))
+        first += len(blocks)
+        pieces_in.append(([row], blocks, n))
+        tables.append((list(range(shared_blocks)) + blocks, shared_blocks * bs + n))
+    q = torch.randn(len(tails), hq, d, generator=rng).bfloat16()
+    out = kernels.cascade_decode(q, kc, vc, kernels.CascadePieces.build(pieces_in, len(tails)), d**-0.5)
+    for row, (blocks, n) in enumerate(tables):
+        keys = kc[blocks].flatten(0, 1)[:n].double().repeat_interleave(hq // hkv, dim=1)  # [n, Hq, D]
+        vals = vc[blocks].flatten(0, 1)[:n].double().repeat_interleave(hq // hkv, dim=1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", q[row].double(), keys) * d**-0.5, dim=-1)
+        ref = torch.einsum("hn,nhd->hd", probs, vals).reshape(-1)
+        torch.testing.assert_close(out[row].double(), ref, atol=4e-3, rtol=1.6e-2)
+
+
+@needs_native
+def test_native_cascade_propagates_nan_and_checks_its_pieces() -> None:
+    kc = torch.randn(4, 16, 3, 64).bfloat16()
+    vc = torch.randn(4, 16, 3, 64).bfloat16()
+    kc[1, 3, 0, 0] = float("nan")  # in the shared piece, KV head 0
+    pieces = kernels.CascadePieces.build([([0, 1], [0, 1], 32), ([0], [2], 1), ([1], [3], 4)], 2)
+    out = kernels.cascade_decode(torch.randn(2, 9, 64).bfloat16(), kc, vc, pieces, 0.125).view(2, 9, 64)
+    assert bool(out[:, :3].isnan().all()) and not bool(out[:, 3:].isnan().any())
+    with pytest.raises(ValueError, match="every row needs a piece"):
+        kernels.CascadePieces.build([([0], [0], 16)], 2)
+    with pytest.raises(ValueError, match="at least one token"):
+        kernels.CascadePieces.build([([0], [0], 0)], 1)
+    with pytest.raises(ValueError, match="pieces are for 2 rows"):
+        kernels.cascade_decode(torch.randn(3, 9, 64).bfloat16(), kc, vc, pieces, 0.125)
 
 
 @pytest.mark.parametrize(("block_size", "dtype"), [(16, torch.float32), (16, torch.bfloat16), (1, torch.float32)])
@@ -374,9 +450,8 @@ def test_registered_by_name_and_device() -> None:
 
 
 def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
-    """With native per-context decode, the cascade needs 24+ rows sharing 1,024+ tokens; the torch
+    """With the native kernels, the (native) cascade needs 4+ rows sharing 512+ tokens; the torch
     path keeps the lower thresholds; an explicit grouping is always kept."""
-    from parrot.engine import kernels
     from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
 
     def backend_for(dtype: torch.dtype, rows: int, shared_blocks: int, grouping: GroupingConfig | None = None):  # type: ignore[no-untyped-def]
@@ -390,8 +465,9 @@ def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
     small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
     assert (small.plan is None) == native
     assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay
-    assert (backend_for(torch.bfloat16, 6, 64).plan is None) == native  # 6 rows x 1,024 tokens
-    assert backend_for(torch.bfloat16, 24, 64).plan is not None  # 24 rows x 1,024 tokens: cascade either way
+    assert (backend_for(torch.bfloat16, 3, 64).plan is None) == native  # 3 rows x 1,024 tokens
+    four = backend_for(torch.bfloat16, 4, 32)  # 4 rows x 512 tokens: a cascade either way
+    assert four.plan is not None and (four.pieces is not None) == native and (four.cascade is None) == native
     explicit = backend_for(torch.bfloat16, 2, 20, GroupingConfig())
     assert explicit.plan is not None and explicit.step_grouping() == GroupingConfig()
     if native:

@@ -3,15 +3,16 @@
 `SharedPrefixAttention` ("shared_prefix", CPU) groups the step's decode rows by shared prefix
 blocks once per step (`prepare_decode`) and, when some group pays (at least `min_group_size` rows
 sharing at least `min_shared_tokens` tokens), attends each shared prefix once for the whole group
-(`cascade_decode`); otherwise it is exactly the per-context path. Prefill rows are untouched.
+(the native `kernels.cascade_decode` when the native kernels are on, else the torch
+`cascade_decode`); otherwise it is exactly the per-context path. Prefill rows are untouched.
 
 `TritonSharedPrefixAttention` ("triton_shared_prefix") runs the same plan with the Triton kernels
 of `triton_kernels.py` (imported when the backend is built, so CPU engines never load triton); it
 needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` set before triton's import (tests).
 
-Both own their step metadata (`cascade`, `triton_meta`), valid until the next `prepare`.
+Both own their step metadata (`pieces`, `cascade`, `triton_meta`), valid until the next `prepare`.
 Importing this module registers both names in the attention registry; "shared_prefix" picks the
-implementation by the KV cache's device (CPU: PyTorch; CUDA: Triton).
+implementation by the KV cache's device (CPU: native or PyTorch; CUDA: Triton).
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ if TYPE_CHECKING:
     from parrot.engine.attention import triton_kernels
 
 
-# With the native per-context decode kernel on (16 tokens per score vector, shapes inlined), the
-# torch cascade pays only for large groups. Whole decode steps of the default model (rows forked
-# from one prefix, 16-token suffixes), bf16, 2 threads, ms, native vs cascade: 6 x 1024: 44.7 vs
-# 51.6, 16 x 1024: 56.1 vs 58.6, 16 x 2048: 71.8 vs 73.1, 32 x 1024: 88.4 vs 79.4, 32 x 2048:
-# 130.8 vs 97.5. (Before that kernel the crossover was ~4 rows x 768 tokens.)
-NATIVE_GROUPING = GroupingConfig(min_group_size=24, min_shared_tokens=1024)
+# With the native kernels on, a group decodes on the native cascade (kernels.cascade_decode), which
+# pays from about 4 rows x 512 shared tokens: attention us per layer, native per-row vs native
+# cascade vs torch cascade (bf16, 2 threads): 4 x 512: 75 / 74 / -, 6 x 1024: 260 / 235 / 566,
+# 16 x 1024: 879 / 507 / 632, 8 x 4096: 1785 / 963 / 1227, 64 x 1024: 2297 / 1927 / 1541.
+NATIVE_GROUPING = GroupingConfig(min_group_size=4, min_shared_tokens=512)
 
 
 class SharedPrefixAttention(PagedAttention):
@@ -58,7 +58,8 @@ class SharedPrefixAttention(PagedAttention):
         super().__init__(cache, num_heads, num_kv_heads, head_dim)
         self.grouping = grouping  # None: chosen per step (NATIVE_GROUPING when native decode is on)
         self.plan: SharedPrefixPlan | None = None  # None: this step decodes per context
-        self.cascade: CascadeMeta | None = None
+        self.cascade: CascadeMeta | None = None  # the torch cascade's step tensors
+        self.pieces: kernels.CascadePieces | None = None  # the native cascade's (native decode on)
         self.num_shared_steps = 0  # steps that took the shared path (observability, tests)
 
     def step_grouping(self) -> GroupingConfig:
@@ -68,7 +69,7 @@ class SharedPrefixAttention(PagedAttention):
         return NATIVE_GROUPING if native else GroupingConfig()
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
-        self.plan = self.cascade = None
+        self.plan = self.cascade = self.pieces = None
         grouping = self.step_grouping()
         if len(seqs) >= grouping.min_group_size:
             plan = plan_shared_prefixes(
@@ -77,7 +78,10 @@ class SharedPrefixAttention(PagedAttention):
             if plan.segments:
                 self.plan = plan
                 self.num_shared_steps += 1
-                self.prepare_shared(plan)
+                if kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim):
+                    self.pieces = native_pieces(plan, self.cache.block_size)
+                else:
+                    self.prepare_shared(plan)
                 return
         super().prepare_decode(seqs)
 
@@ -87,9 +91,26 @@ class SharedPrefixAttention(PagedAttention):
         )
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.pieces is not None:
+            return kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.pieces, self.scale)
         if self.cascade is None:
             return super().decode(layer, q)
         return cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.cascade, self.scale)
+
+
+def native_pieces(plan: SharedPrefixPlan, block_size: int, piece_tokens: int = 256) -> kernels.CascadePieces:
+    """The plan as the native kernel's pieces: each segment once, in runs of about `piece_tokens`
+    (work items the threads share evenly), then each row's tail."""
+    per_piece = max(1, piece_tokens // block_size)
+    pieces = []
+    for seg in plan.segments:
+        for i in range(0, len(seg.block_ids), per_piece):
+            blocks = list(seg.block_ids[i : i + per_piece])
+            pieces.append((list(seg.rows), blocks, len(blocks) * block_size))
+    for row in range(len(plan.tail_lens)):
+        blocks, num_tokens = plan.tail(row)
+        pieces.append(([row], blocks, num_tokens))
+    return kernels.CascadePieces.build(pieces, len(plan.tail_lens))
 
 
 class TritonSharedPrefixAttention(SharedPrefixAttention):

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
 import shutil
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -89,6 +91,9 @@ def _build() -> ctypes.CDLL | None:
     lib.parrot_paged_decode.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
     lib.parrot_paged_decode.argtypes += [ctypes.c_float, ctypes.c_int]
     lib.parrot_paged_decode.restype = i64  # work items that could not allocate
+    lib.parrot_cascade_decode.argtypes = [ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.parrot_cascade_decode.argtypes += [i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    lib.parrot_cascade_decode.restype = i64
     lib.parrot_argmax_logsumexp.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
     lib.parrot_argmax_logsumexp.restype = None
     lib.parrot_rmsnorm.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
@@ -255,6 +260,85 @@ def paged_decode(
     )
     if failed:
         raise MemoryError(f"paged_decode: {failed} work items could not allocate their scores")
+    return out
+
+
+@dataclass(frozen=True)
+class CascadePieces:
+    """A step's decode rows as pieces of KV for `cascade_decode`: each shared prefix once for the
+    rows sharing it, then each row's private tail (int64 CSR arrays; see parrot_cascade_decode)."""
+
+    block_ptr: torch.Tensor  # [P + 1]: piece p reads blocks[block_ptr[p]:block_ptr[p + 1]]
+    blocks: torch.Tensor
+    lens: torch.Tensor  # [P]: tokens of each piece (>= 1)
+    row_ptr: torch.Tensor  # [P + 1]: piece p serves rows[row_ptr[p]:row_ptr[p + 1]]
+    rows: torch.Tensor
+    slot_ptr: torch.Tensor  # [B + 1]: row b's partials are slots[slot_ptr[b]:slot_ptr[b + 1]]
+    slots: torch.Tensor
+
+    @classmethod
+    def build(cls, pieces: list[tuple[list[int], list[int], int]], num_rows: int) -> CascadePieces:
+        """pieces: (rows, block ids, num tokens) each; every row must be in at least one piece."""
+
+        def csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            ptr = torch.tensor([0, *itertools.accumulate(len(x) for x in lists)], dtype=torch.long)
+            return ptr, torch.tensor([v for x in lists for v in x], dtype=torch.long)
+
+        block_ptr, blocks = csr([b for _, b, _ in pieces])
+        row_ptr, rows = csr([r for r, _, _ in pieces])
+        per_row: list[list[int]] = [[] for _ in range(num_rows)]
+        for slot, r in enumerate(rows.tolist()):
+            per_row[r].append(slot)
+        if any(not s for s in per_row):
+            raise ValueError("cascade_decode: every row needs a piece")
+        lens = torch.tensor([n for _, _, n in pieces], dtype=torch.long)
+        if lens.numel() and int(lens.min()) < 1:
+            raise ValueError("cascade_decode: every piece needs at least one token")
+        slot_ptr, slots = csr(per_row)
+        return cls(block_ptr, blocks, lens, row_ptr, rows, slot_ptr, slots)
+
+
+def cascade_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pieces: CascadePieces, scale: float
+) -> torch.Tensor:
+    """`paged_decode` with each shared prefix read once for its rows: q [B, Hq, D] (rows may be
+    strided), k/v_cache [blocks, bs, Hkv, D] -> [B, Hq * D]. Same checks as `paged_decode`."""
+    lib = _lib
+    assert lib is not None, "cascade_decode without the native kernels"
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    if q.stride(2) != 1 or q.stride(1) != d or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("cascade_decode: q heads and the cache must be contiguous")
+    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
+        raise ValueError("cascade_decode: q and the cache must be bfloat16")
+    if pieces.slot_ptr.numel() != b + 1:
+        raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {b}")
+    out = torch.empty(b, hq * d, dtype=torch.bfloat16)
+    p = pieces
+    failed = lib.parrot_cascade_decode(
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        p.lens.numel(),
+        p.block_ptr.data_ptr(),
+        p.blocks.data_ptr(),
+        p.lens.data_ptr(),
+        p.row_ptr.data_ptr(),
+        p.rows.data_ptr(),
+        p.slot_ptr.data_ptr(),
+        p.slots.data_ptr(),
+        out.data_ptr(),
+        b,
+        hq,
+        hkv,
+        d,
+        bs,
+        scale,
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError(f"cascade_decode: {failed} work items could not allocate their buffers")
     return out
 
 

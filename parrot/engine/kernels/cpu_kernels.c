@@ -6,7 +6,8 @@
  *    this kernel streams each weight row once for all rows (vdpbf16ps, fp32 accumulation, software
  *    prefetch) and reaches ~15 GB/s.
  * 2. parrot_linear_amx: the same for 5..128 rows, over weights prepacked into AMX tiles.
- * 3. parrot_paged_decode: one query token per sequence over its paged KV, read in place.
+ * 3. parrot_paged_decode: one query token per sequence over its paged KV, read in place;
+ *    parrot_cascade_decode: the same with shared prefixes read once for all the rows sharing them.
  * 4. parrot_argmax_logsumexp: greedy choice and log-normalizer of bf16 logits.
  * 5. parrot_rmsnorm (with the residual add), parrot_rope, parrot_silu_mul: the per-layer
  *    elementwise steps, rounding where the torch reference rounds.
@@ -17,6 +18,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROWS 4          /* weight rows per block: one pass over them serves every input row */
@@ -361,6 +363,169 @@ int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t*
             failed += DECODE_TASK(G, D);
 #undef DECODE_TASK
     }
+    return failed;
+}
+
+/* ---- Shared-prefix (cascade) decode attention ------------------------------------------------
+ * The step's decode rows split their KV into pieces: a shared prefix (a segment) attended once for
+ * all the rows that share it, and each row's private tail. Work item = (piece, KV head): the piece's
+ * K/V rows are read once for its R rows x G query heads (16 tokens per score vector, as above), and
+ * it leaves per (row, query head) a partial softmax: max m, sum l of e^(s - m), and the unnormalized
+ * sum of e^(s - m) v. A second pass merges each row's partials (log-sum-exp rescaling, fp32). */
+#define V_TILE 64 /* tokens whose V rows stay in L1 while every row of the piece reads them */
+
+static inline __attribute__((always_inline)) int64_t piece_task(
+    const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc, const int64_t* blocks, int64_t L,
+    const int64_t* rows, int64_t R, float* pm, float* pl, float* pacc, int64_t h, int64_t Hkv, int64_t bs,
+    float scale, const int64_t G, const int64_t D) {
+    const int64_t Hq = Hkv * G, row = Hkv * D, padded = (L + 15) / 16 * 16, QN = R * G;
+    float* scores = aligned_alloc(64, (size_t)(QN * padded * 4));
+    __m512* vmax = aligned_alloc(64, (size_t)(QN * 64));
+    __mmask16* nan = malloc((size_t)(QN * sizeof(__mmask16)));
+    if (scores == NULL || vmax == NULL || nan == NULL) {
+        free(scores), free(vmax), free(nan);
+        return 1;
+    }
+    for (int64_t i = 0; i < QN; i++) vmax[i] = _mm512_set1_ps(-INFINITY), nan[i] = 0;
+    int64_t blk = 0, off = 0;
+    for (int64_t t0 = 0; t0 < L; t0 += 16) { /* pass 1: scores */
+        const int64_t n = L - t0 < 16 ? L - t0 : 16;
+        const uint16_t* krow[16];
+        for (int64_t i = 0; i < n; i++) {
+            krow[i] = kc + (blocks[blk] * bs + off) * row + h * D;
+            if (++off == bs) off = 0, blk++;
+        }
+        const __mmask16 live = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                const uint16_t* qr = q + rows[r] * q_stride + (h * G + g) * D;
+                __m512bh qv[MAX_HEAD_DIM / 32];
+                for (int64_t c = 0; c < D / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qr + c * 32);
+                __m512 dots[16];
+                for (int64_t j = 0; j < 16; j++) {
+                    const int64_t i = REDUCE_ORDER[j];
+                    __m512 acc = _mm512_setzero_ps();
+                    if (i < n)
+                        for (int64_t c = 0; c < D / 32; c++)
+                            acc = _mm512_dpbf16_ps(acc, qv[c], (__m512bh)_mm512_loadu_si512(krow[i] + c * 32));
+                    dots[j] = acc;
+                }
+                const int64_t qi = r * G + g;
+                __m512 sv = _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
+                _mm512_store_ps(scores + qi * padded + t0, sv);
+                nan[qi] |= _mm512_mask_cmp_ps_mask(live, sv, sv, _CMP_UNORD_Q);
+                vmax[qi] = _mm512_mask_max_ps(vmax[qi], live, vmax[qi], sv);
+            }
+    }
+    for (int64_t qi = 0; qi < QN; qi++) { /* pass 2: e^(s - m) and its sum */
+        const float m = nan[qi] ? NAN : _mm512_reduce_max_ps(vmax[qi]);
+        float* sq = scores + qi * padded;
+        __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < padded; t += 16) {
+            __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sq + t), vm)));
+            _mm512_store_ps(sq + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const int64_t slot = (qi / G) * Hq + h * G + qi % G;
+        pm[slot] = m;
+        pl[slot] = _mm512_reduce_add_ps(sum);
+    }
+    blk = off = 0;
+    for (int64_t t0 = 0; t0 < L; t0 += V_TILE) { /* pass 3: e^(s - m)-weighted V, a tile at a time */
+        const int64_t n = L - t0 < V_TILE ? L - t0 : V_TILE;
+        const uint16_t* vrow[V_TILE];
+        for (int64_t i = 0; i < n; i++) {
+            vrow[i] = vc + (blocks[blk] * bs + off) * row + h * D;
+            if (++off == bs) off = 0, blk++;
+        }
+        for (int64_t r = 0; r < R; r++) {
+            __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
+            float* pa = pacc + (r * Hq + h * G) * D; /* this row's G heads, contiguous */
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < D / 16; c++)
+                    acc[g][c] = t0 ? _mm512_loadu_ps(pa + g * D + c * 16) : _mm512_setzero_ps();
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < D / 16; c++) {
+                    __m512 vv = load_bf16x16(vrow[i] + c * 16);
+                    for (int64_t g = 0; g < G; g++)
+                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(r * G + g) * padded + t0 + i]), vv,
+                                                    acc[g][c]);
+                }
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < D / 16; c++) _mm512_storeu_ps(pa + g * D + c * 16, acc[g][c]);
+        }
+    }
+    free(scores), free(vmax), free(nan);
+    return 0;
+}
+
+/* Pieces p = 0..P-1: tokens piece_len[p] through blocks piece_blocks[block_ptr[p] ..], read by rows
+ * piece_rows[row_ptr[p] .. row_ptr[p + 1]); slot row_ptr[p] + i holds row i's partials. Row b's
+ * slots: row_slots[slot_ptr[b] .. slot_ptr[b + 1]). q: [B, Hq, D] rows q_stride apart; out: [B, Hq * D].
+ * Returns the work items that could not allocate (the caller raises). */
+int64_t parrot_cascade_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
+                              int64_t P, const int64_t* block_ptr, const int64_t* piece_blocks,
+                              const int64_t* piece_len, const int64_t* row_ptr, const int64_t* piece_rows,
+                              const int64_t* slot_ptr, const int64_t* row_slots, uint16_t* out, int64_t B,
+                              int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
+    const int64_t G = Hq / Hkv, S = row_ptr[P];
+    float* pm = malloc((size_t)(S * Hq * 4));
+    float* pl = malloc((size_t)(S * Hq * 4));
+    float* pacc = malloc((size_t)(S * Hq * D * 4));
+    if (pm == NULL || pl == NULL || pacc == NULL) {
+        free(pm), free(pl), free(pacc);
+        return P * Hkv;
+    }
+    int64_t failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(dynamic, 1) reduction(+ : failed)
+        for (int64_t task = 0; task < P * Hkv; task++) {
+            const int64_t p = task / Hkv, h = task % Hkv, first = row_ptr[p];
+#define PIECE_TASK(GG, DD)                                                                                   \
+    piece_task(q, q_stride, kc, vc, piece_blocks + block_ptr[p], piece_len[p], piece_rows + first,           \
+               row_ptr[p + 1] - first, pm + first * Hq, pl + first * Hq, pacc + first * Hq * D, h, Hkv, bs, \
+               scale, GG, DD)
+            if (G == 3 && D == 64)
+                failed += PIECE_TASK(3, 64);
+            else if (G == 1 && D == 128)
+                failed += PIECE_TASK(1, 128);
+            else if (G == 4 && D == 128)
+                failed += PIECE_TASK(4, 128);
+            else
+                failed += PIECE_TASK(G, D);
+#undef PIECE_TASK
+        }
+        if (failed == 0) {
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < B * Hq; bh++) { /* merge each row's partials, per query head */
+                const int64_t b = bh / Hq, hq = bh % Hq;
+                float m = -INFINITY;
+                int any_nan = 0;
+                for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
+                    const float ms = pm[row_slots[k] * Hq + hq];
+                    any_nan |= isnan(ms);
+                    if (ms > m) m = ms;
+                }
+                __m512 acc[MAX_HEAD_DIM / 16];
+                for (int64_t c = 0; c < D / 16; c++) acc[c] = _mm512_setzero_ps();
+                float l = 0.0f;
+                for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
+                    const int64_t slot = row_slots[k] * Hq + hq;
+                    const float w = any_nan ? NAN : expf(pm[slot] - m);
+                    l += w * pl[slot];
+                    for (int64_t c = 0; c < D / 16; c++)
+                        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(pacc + slot * D + c * 16), acc[c]);
+                }
+                uint16_t* o = out + b * Hq * D + hq * D;
+                for (int64_t c = 0; c < D / 16; c++)
+                    _mm256_storeu_si256((__m256i*)(o + c * 16),
+                                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], _mm512_set1_ps(1.0f / l))));
+            }
+        }
+    }
+    free(pm), free(pl), free(pacc);
     return failed;
 }
 
