@@ -9,10 +9,12 @@ each job's sink, called from the loop thread.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +45,17 @@ from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step, as `LLMEngine.start_trace` records it (profiling)."""
+
+    started: float  # time.perf_counter() when the forward pass began
+    elapsed_s: float  # the forward pass and sampling
+    num_seqs: int
+    num_decode: int  # rows that were one generated token each
+    num_prefill_tokens: int  # every other row (prompt chunks, a fill's last token)
 
 
 class LLMEngine:
@@ -82,6 +95,7 @@ class LLMEngine:
         self._tpot_ms = 0.0
         self._step_ms: dict[int, float] = {}  # capacity profile: tokens bucket -> EMA of step ms
         self._aborted: set[int] = set()  # job ids to end before the next step
+        self._trace: collections.deque[StepRecord] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -163,6 +177,17 @@ class LLMEngine:
                 num_decode_tokens=self._num_decode_tokens,
                 step_ms_by_num_tokens=dict(self._step_ms),
             )
+
+    def start_trace(self, max_steps: int = 100_000) -> None:
+        """Record every step from now on (the most recent `max_steps`), for profiling."""
+        with self._cv:
+            self._trace = collections.deque(maxlen=max_steps)
+
+    def stop_trace(self) -> list[StepRecord]:
+        """The steps recorded since `start_trace`, oldest first; recording stops."""
+        with self._cv:
+            trace, self._trace = self._trace, None
+        return list(trace or ())
 
     def context_info(self, context_id: str) -> ContextInfo:
         with self._cv:
@@ -281,6 +306,9 @@ class LLMEngine:
             if s.job.kind is JobKind.FILL:
                 self._end_fill_if_done(s.job)
         num_tokens = sum(s.num_new for s in seqs)
+        if self._trace is not None:
+            ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
+            self._trace.append(StepRecord(time.perf_counter() - elapsed, elapsed, len(seqs), ones, num_tokens - ones))
         if num_tokens:
             bucket = 1 << (num_tokens - 1).bit_length()
             ms = elapsed * 1000.0
@@ -316,4 +344,4 @@ class LLMEngine:
             self.contexts.contexts.pop(job.context_id, None)
 
 
-__all__ = ["LLMEngine", "TokenEvent"]
+__all__ = ["LLMEngine", "StepRecord", "TokenEvent"]

@@ -199,3 +199,28 @@ def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_f
         assert engine.stats().num_contexts == 0
     finally:
         engine.stop()
+
+
+def test_step_trace_records_each_step_by_kind(tiny_model_folder: Path) -> None:
+    engine = make_engine(tiny_model_folder, block_size=16, max_num_batched_tokens=64)
+    try:
+        blocking.fill(engine, FillRequest(context_id="warm", token_ids=prompt(1, 10)))
+        engine.start_trace()
+        # 100 prompt tokens in steps of <= 64, then 5 generated tokens: the fill's last chunk
+        # samples the first (a hand-over), 4 decode steps follow. Both are queued before the
+        # loop runs again, so the hand-over is certain.
+        engine.stop()
+        blocking.submit_fill(engine, FillRequest(context_id="t", token_ids=prompt(2, 100)))
+        sampling = SamplingParams(max_tokens=5, ignore_eos=True)
+        handle = blocking.submit_generate(engine, GenerateRequest(context_id="t", sampling=sampling))
+        engine.start()
+        blocking.wait_generate(handle)
+        trace = engine.stop_trace()
+        kinds = [(r.num_decode, r.num_prefill_tokens) for r in trace]
+        assert kinds == [(0, 64), (0, 36), (1, 0), (1, 0), (1, 0), (1, 0)]
+        assert all(r.elapsed_s > 0 and r.num_seqs == 1 for r in trace)
+        assert [r.started for r in trace] == sorted(r.started for r in trace)
+        blocking.fill(engine, FillRequest(context_id="after", token_ids=prompt(3, 10)))
+        assert engine.stop_trace() == []  # stopped: nothing more is recorded
+    finally:
+        engine.stop()

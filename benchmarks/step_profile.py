@@ -1,0 +1,145 @@
+"""Where an application's time goes on the builtin engine: every engine step of each run, by kind.
+
+    python -m benchmarks.step_profile copilot gpts --configs parrot a c
+
+Runs the chosen workloads (`benchmarks.run` names, quick scale) on the chosen configurations
+(`parrot`, `a`, `b`, `c`, or an ablation key), each served in this process as in `benchmarks.run`,
+with the engine's step trace on (`LLMEngine.start_trace`). For each run it prints the app's metric,
+the wall time, the round trips paid, the engine's busy time, and the steps split into decode-only,
+prefill-only and mixed: how many, their time, and their mean rows. Writes
+`bench_results/profile/step_profile.{json,md}`. One run per (workload, configuration): a profile,
+not a benchmark (the ratios belong to `benchmarks.run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import run as bench
+from benchmarks.apps import all_scenarios
+from benchmarks.apps.common import Corpus
+from benchmarks.configs import LATENCY_CAP_TOKENS, plan_configs, step_ms_at
+from benchmarks.deploy import LocalServer
+from benchmarks.netsim import RttModel
+from benchmarks.scaling import SCALES, load_paper_workloads
+from parrot.engine.engine import StepRecord
+from parrot.text import Tokenizer
+
+OUT = Path("bench_results/profile")
+KINDS = ("decode", "prefill", "mixed")
+
+
+@dataclass
+class KindSummary:
+    steps: int = 0
+    seconds: float = 0.0
+    decode_rows: int = 0
+    prefill_tokens: int = 0
+
+    def add(self, r: StepRecord) -> None:
+        self.steps += 1
+        self.seconds += r.elapsed_s
+        self.decode_rows += r.num_decode
+        self.prefill_tokens += r.num_prefill_tokens
+
+
+def kind_of(r: StepRecord) -> str:
+    if r.num_decode and r.num_prefill_tokens:
+        return "mixed"
+    return "decode" if r.num_decode else "prefill"
+
+
+def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
+    out = {k: KindSummary() for k in KINDS}
+    for r in trace:
+        out[kind_of(r)].add(r)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = ["workload", "config", "metric", "wall s", "round trips s", "engine busy s"]
+    for k in KINDS:
+        head += [f"{k} steps", f"{k} s", f"{k} ms/step", f"{k} rows/step"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["scenario"], row["config"], row["metric"], f"{row['wall_s']:.2f}"]
+        cells += [f"{row['round_trip_s']:.2f}", f"{row['busy_s']:.2f}"]
+        for k in KINDS:
+            s = row["kinds"][k]
+            n = s["steps"]
+            rows_per = (s["decode_rows"] + s["prefill_tokens"]) / n if n else 0.0
+            cells += [str(n), f"{s['seconds']:.2f}", f"{1000 * s['seconds'] / n:.1f}" if n else "-", f"{rows_per:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="+", help="benchmarks.run workload names (chain_summary, gpts, ...)")
+    parser.add_argument("--configs", nargs="+", default=["parrot", "a"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    scale, paper = SCALES["quick"], load_paper_workloads()
+    scenarios = all_scenarios(scale, paper, set(args.workloads))
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"])
+        lat = stack.enter_context(bench._running(bench._spec(plan, "lat")))
+        warm = "The history of the nation is the story of its people. " * 30
+        asyncio.run(bench.warm_all({"lat": lat}, {"lat": bench._openai_factory(lat.url, lat.model)}, warm))
+        tpot = step_ms_at(lat.stats().step_ms_by_num_tokens, LATENCY_CAP_TOKENS)
+        plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"], tpot)
+        configs = [c for c in plan.configs if c.key in args.configs]
+        missing = set(args.configs) - {c.key for c in configs}
+        if missing:
+            raise SystemExit(f"unknown configurations {sorted(missing)}; known: {[c.key for c in plan.configs]}")
+        servers: dict[str, Any] = {"lat": lat}
+        for c in configs:
+            if c.server not in servers:
+                servers[c.server] = stack.enter_context(bench._running(bench._spec(plan, c.server)))
+        clients = {n: bench._openai_factory(s.url, s.model) for n, s in servers.items()}
+        corpus = Corpus(Tokenizer(lat.engine.model_folder))
+        rtt = RttModel.from_workloads(paper, 1.0)
+        ctx = bench.Context(scale, corpus, rtt, servers, clients, dict.fromkeys(servers, "openai"), 300.0)
+        corpus.documents(1, 0)
+        asyncio.run(bench.warm_all({n: s for n, s in servers.items() if n != "lat"}, clients, warm))
+        for scenario in scenarios:
+            for config in configs:
+                if not bench.applicable(scenario, config):
+                    continue
+                server: LocalServer = servers[config.server]
+                server.engine.engine.start_trace()
+                began = time.perf_counter()
+                record = asyncio.run(bench.run_unit(scenario, config, ctx))
+                wall = time.perf_counter() - began
+                trace = server.engine.engine.stop_trace()
+                metrics = record.get("metrics", {})
+                first = next(iter(metrics.items()), ("error", float("nan")))
+                row = {
+                    "scenario": scenario.key,
+                    "config": config.key,
+                    "metric": f"{first[0]}={first[1]:.3f}" if "error" not in record else record["error"],
+                    "wall_s": wall,
+                    "round_trip_s": record["round_trip_s"],
+                    "busy_s": sum(r.elapsed_s for r in trace),
+                    "kinds": {k: asdict(v) for k, v in summarize(trace).items()},
+                }
+                rows.append(row)
+                print(markdown([row]).splitlines()[-1], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_profile.json").write_text(json.dumps(rows, indent=1))
+    table = markdown(rows)
+    (args.out / "step_profile.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
