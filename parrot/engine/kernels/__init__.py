@@ -216,6 +216,21 @@ def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int
     )
 
 
+def _checked_decode_lib(
+    name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: torch.Tensor
+) -> ctypes.CDLL:
+    """The library, after the checks both decode kernels need (layout, dtype, device)."""
+    lib = _lib
+    assert lib is not None, f"{name} without the native kernels"
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"{name}: q heads and the cache must be contiguous")
+    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
+        raise ValueError(f"{name}: q and the cache must be bfloat16")
+    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, *more)):
+        raise ValueError(f"{name}: CPU tensors only")
+    return lib
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -227,16 +242,9 @@ def paged_decode(
     """One query token per sequence over its paged KV, read in place: q [B, Hq, D] (rows may be
     strided), k/v_cache [blocks, bs, Hkv, D], block_tables [B, max_blocks] int64, seq_lens [B]
     int64 -> [B, Hq * D]. Callers check `enabled()` and `paged_decode_supported` first."""
-    lib = _lib
-    assert lib is not None, "paged_decode without the native kernels"
+    lib = _checked_decode_lib("paged_decode", q, k_cache, v_cache, block_tables, seq_lens)
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
-    if q.stride(2) != 1 or q.stride(1) != d or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("paged_decode: q heads and the cache must be contiguous")
-    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
-        raise ValueError("paged_decode: q and the cache must be bfloat16")
-    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, block_tables, seq_lens)):
-        raise ValueError("paged_decode: CPU tensors only")
     tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
     if lens.numel() and int(lens.min()) < 1:
         raise ValueError("paged_decode: every sequence needs at least one token of KV")
@@ -303,14 +311,9 @@ def cascade_decode(
 ) -> torch.Tensor:
     """`paged_decode` with each shared prefix read once for its rows: q [B, Hq, D] (rows may be
     strided), k/v_cache [blocks, bs, Hkv, D] -> [B, Hq * D]. Same checks as `paged_decode`."""
-    lib = _lib
-    assert lib is not None, "cascade_decode without the native kernels"
+    lib = _checked_decode_lib("cascade_decode", q, k_cache, v_cache)
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
-    if q.stride(2) != 1 or q.stride(1) != d or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("cascade_decode: q heads and the cache must be contiguous")
-    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
-        raise ValueError("cascade_decode: q and the cache must be bfloat16")
     if pieces.slot_ptr.numel() != b + 1:
         raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {b}")
     out = torch.empty(b, hq * d, dtype=torch.bfloat16)

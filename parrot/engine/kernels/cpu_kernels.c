@@ -257,6 +257,61 @@ static inline __m512 reduce16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
 }
 
+/* The cache rows of the next n (<= 64) tokens of one KV head, walking a block table without
+ * divisions: (*blk, *off) is the next token's table index and slot, advanced past the n tokens. */
+static inline void next_rows(const uint16_t* cache, const int64_t* table, int64_t* blk, int64_t* off, int64_t n,
+                             int64_t bs, int64_t row, int64_t head_offset, const uint16_t** out) {
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = cache + (table[*blk] * bs + *off) * row + head_offset;
+        if (++*off == bs) *off = 0, ++*blk;
+    }
+}
+
+static inline __mmask16 live_lanes(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* s[0:L] = e^(s - m) in place (the padding lanes up to a multiple of 16 become 0); returns the sum. */
+static inline float exp_sum(float* s, int64_t L, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < L; t += 16) {
+        __m512 e = _mm512_maskz_mov_ps(live_lanes(L - t), exp512(_mm512_sub_ps(_mm512_load_ps(s + t), vm)));
+        _mm512_store_ps(s + t, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* One query's scaled scores against up to 16 K rows (lane i: token i), stored at `dst`; folds the
+ * live lanes into the running max and NaN mask (a NaN score makes the row NaN, as in SDPA). */
+static inline __attribute__((always_inline)) void score16(const __m512bh* qv, const uint16_t* const* krow, int64_t n,
+                                                          float scale, const int64_t D, float* dst, __m512* vmax,
+                                                          __mmask16* nan) {
+    __m512 dots[16];
+    for (int64_t j = 0; j < 16; j++) {
+        const int64_t i = REDUCE_ORDER[j]; /* dots[j] holds token i: see reduce16 */
+        __m512 acc = _mm512_setzero_ps();
+        if (i < n)
+            for (int64_t c = 0; c < D / 32; c++)
+                acc = _mm512_dpbf16_ps(acc, qv[c], (__m512bh)_mm512_loadu_si512(krow[i] + c * 32));
+        dots[j] = acc;
+    }
+    const __m512 sv = _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
+    const __mmask16 live = live_lanes(n);
+    _mm512_store_ps(dst, sv);
+    *nan |= _mm512_mask_cmp_ps_mask(live, sv, sv, _CMP_UNORD_Q);
+    *vmax = _mm512_mask_max_ps(*vmax, live, *vmax, sv);
+}
+
+/* CALL(G, D) with the head shape a compile-time constant for the common models (SmolLM2 3 x 64;
+ * LLaMA-2/Vicuna 1 x 128; LLaMA-3/Mistral 4 x 128; 1 x 64), so loops unroll and accumulators stay
+ * in registers; any other shape runs the same code with runtime bounds. */
+#define WITH_HEAD_SHAPE(G, D, CALL)                                                                      \
+    ((G) == 3 && (D) == 64    ? CALL(3, 64)                                                              \
+     : (G) == 1 && (D) == 128 ? CALL(1, 128)                                                             \
+     : (G) == 4 && (D) == 128 ? CALL(4, 128)                                                             \
+     : (G) == 1 && (D) == 64  ? CALL(1, 64)                                                              \
+                              : CALL(G, D))
+
 /* One work item (sequence b, KV head h) of parrot_paged_decode; 1 if its scores could not be
  * allocated. Inlined with constant G and D for the common shapes, so the accumulators stay in
  * registers and the loops unroll. */
@@ -277,54 +332,26 @@ static inline __attribute__((always_inline)) int64_t decode_task(
     __m512 vmax[MAX_GROUP];
     __mmask16 nan[MAX_GROUP];
     for (int64_t g = 0; g < G; g++) vmax[g] = _mm512_set1_ps(-INFINITY), nan[g] = 0;
-    int64_t blk = 0, off = 0; /* the next token's block-table index and slot: no divisions */
+    int64_t blk = 0, off = 0;
     for (int64_t t0 = 0; t0 < L; t0 += 16) { /* pass 1: scores, 16 tokens per vector */
         const int64_t n = L - t0 < 16 ? L - t0 : 16;
         const uint16_t* krow[16];
-        for (int64_t i = 0; i < n; i++) {
-            krow[i] = kc + (table[blk] * bs + off) * row + h * D;
-            if (++off == bs) off = 0, blk++;
-        }
-        const __mmask16 live = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-        for (int64_t g = 0; g < G; g++) {
-            __m512 dots[16];
-            for (int64_t j = 0; j < 16; j++) {
-                const int64_t i = REDUCE_ORDER[j]; /* dots[j] holds token t0 + i: see reduce16 */
-                __m512 acc = _mm512_setzero_ps();
-                if (i < n)
-                    for (int64_t c = 0; c < D / 32; c++)
-                        acc = _mm512_dpbf16_ps(acc, qv[g][c], (__m512bh)_mm512_loadu_si512(krow[i] + c * 32));
-                dots[j] = acc;
-            }
-            __m512 sv = _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
-            _mm512_store_ps(scores + g * padded + t0, sv);
-            nan[g] |= _mm512_mask_cmp_ps_mask(live, sv, sv, _CMP_UNORD_Q);
-            vmax[g] = _mm512_mask_max_ps(vmax[g], live, vmax[g], sv);
-        }
+        next_rows(kc, table, &blk, &off, n, bs, row, h * D, krow);
+        for (int64_t g = 0; g < G; g++) score16(qv[g], krow, n, scale, D, scores + g * padded + t0, &vmax[g], &nan[g]);
     }
     float mx[MAX_GROUP];
     for (int64_t g = 0; g < G; g++) /* a NaN score makes the row NaN, as in SDPA */
         mx[g] = nan[g] ? NAN : _mm512_reduce_max_ps(vmax[g]);
     float inv_sum[MAX_GROUP];
-    for (int64_t g = 0; g < G; g++) { /* pass 2: exp and sum, 16 scores at a time */
-        float* sg = scores + g * padded;
-        __m512 m = _mm512_set1_ps(mx[g]), sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < padded; t += 16) {
-            /* lanes past the end hold garbage: zero them by index */
-            __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
-            __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sg + t), m)));
-            _mm512_store_ps(sg + t, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
-    }
+    for (int64_t g = 0; g < G; g++) /* pass 2: exp and sum, 16 scores at a time */
+        inv_sum[g] = 1.0f / exp_sum(scores + g * padded, L, mx[g]);
     __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
     for (int64_t g = 0; g < G; g++)
         for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
     blk = off = 0;
     for (int64_t t = 0; t < L; t++) { /* pass 3: weighted V */
-        const uint16_t* v = vc + (table[blk] * bs + off) * row + h * D;
-        if (++off == bs) off = 0, blk++;
+        const uint16_t* v;
+        next_rows(vc, table, &blk, &off, 1, bs, row, h * D, &v);
         for (int64_t c = 0; c < D / 16; c++) {
             __m512 vv = load_bf16x16(v + c * 16);
             for (int64_t g = 0; g < G; g++)
@@ -351,16 +378,7 @@ int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t*
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) reduction(+ : failed)
     for (int64_t task = 0; task < B * Hkv; task++) {
 #define DECODE_TASK(GG, DD) decode_task(q, q_stride, kc, vc, tables, max_blocks, lens, out, task, Hkv, bs, scale, GG, DD)
-        if (G == 3 && D == 64) /* SmolLM2 */
-            failed += DECODE_TASK(3, 64);
-        else if (G == 1 && D == 128) /* LLaMA-2 7B/13B, Vicuna */
-            failed += DECODE_TASK(1, 128);
-        else if (G == 4 && D == 128) /* LLaMA-3 8B, Mistral 7B */
-            failed += DECODE_TASK(4, 128);
-        else if (G == 1 && D == 64)
-            failed += DECODE_TASK(1, 64);
-        else
-            failed += DECODE_TASK(G, D);
+        failed += WITH_HEAD_SHAPE(G, D, DECODE_TASK);
 #undef DECODE_TASK
     }
     return failed;
@@ -391,54 +409,27 @@ static inline __attribute__((always_inline)) int64_t piece_task(
     for (int64_t t0 = 0; t0 < L; t0 += 16) { /* pass 1: scores */
         const int64_t n = L - t0 < 16 ? L - t0 : 16;
         const uint16_t* krow[16];
-        for (int64_t i = 0; i < n; i++) {
-            krow[i] = kc + (blocks[blk] * bs + off) * row + h * D;
-            if (++off == bs) off = 0, blk++;
-        }
-        const __mmask16 live = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        next_rows(kc, blocks, &blk, &off, n, bs, row, h * D, krow);
         for (int64_t r = 0; r < R; r++)
             for (int64_t g = 0; g < G; g++) {
                 const uint16_t* qr = q + rows[r] * q_stride + (h * G + g) * D;
                 __m512bh qv[MAX_HEAD_DIM / 32];
                 for (int64_t c = 0; c < D / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qr + c * 32);
-                __m512 dots[16];
-                for (int64_t j = 0; j < 16; j++) {
-                    const int64_t i = REDUCE_ORDER[j];
-                    __m512 acc = _mm512_setzero_ps();
-                    if (i < n)
-                        for (int64_t c = 0; c < D / 32; c++)
-                            acc = _mm512_dpbf16_ps(acc, qv[c], (__m512bh)_mm512_loadu_si512(krow[i] + c * 32));
-                    dots[j] = acc;
-                }
                 const int64_t qi = r * G + g;
-                __m512 sv = _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
-                _mm512_store_ps(scores + qi * padded + t0, sv);
-                nan[qi] |= _mm512_mask_cmp_ps_mask(live, sv, sv, _CMP_UNORD_Q);
-                vmax[qi] = _mm512_mask_max_ps(vmax[qi], live, vmax[qi], sv);
+                score16(qv, krow, n, scale, D, scores + qi * padded + t0, &vmax[qi], &nan[qi]);
             }
     }
     for (int64_t qi = 0; qi < QN; qi++) { /* pass 2: e^(s - m) and its sum */
         const float m = nan[qi] ? NAN : _mm512_reduce_max_ps(vmax[qi]);
-        float* sq = scores + qi * padded;
-        __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < padded; t += 16) {
-            __mmask16 live = t + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - t)) - 1);
-            __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sq + t), vm)));
-            _mm512_store_ps(sq + t, e);
-            sum = _mm512_add_ps(sum, e);
-        }
         const int64_t slot = (qi / G) * Hq + h * G + qi % G;
         pm[slot] = m;
-        pl[slot] = _mm512_reduce_add_ps(sum);
+        pl[slot] = exp_sum(scores + qi * padded, L, m);
     }
     blk = off = 0;
     for (int64_t t0 = 0; t0 < L; t0 += V_TILE) { /* pass 3: e^(s - m)-weighted V, a tile at a time */
         const int64_t n = L - t0 < V_TILE ? L - t0 : V_TILE;
         const uint16_t* vrow[V_TILE];
-        for (int64_t i = 0; i < n; i++) {
-            vrow[i] = vc + (blocks[blk] * bs + off) * row + h * D;
-            if (++off == bs) off = 0, blk++;
-        }
+        next_rows(vc, blocks, &blk, &off, n, bs, row, h * D, vrow);
         for (int64_t r = 0; r < R; r++) {
             __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
             float* pa = pacc + (r * Hq + h * G) * D; /* this row's G heads, contiguous */
@@ -487,14 +478,7 @@ int64_t parrot_cascade_decode(const uint16_t* q, int64_t q_stride, const uint16_
     piece_task(q, q_stride, kc, vc, piece_blocks + block_ptr[p], piece_len[p], piece_rows + first,           \
                row_ptr[p + 1] - first, pm + first * Hq, pl + first * Hq, pacc + first * Hq * D, h, Hkv, bs, \
                scale, GG, DD)
-            if (G == 3 && D == 64)
-                failed += PIECE_TASK(3, 64);
-            else if (G == 1 && D == 128)
-                failed += PIECE_TASK(1, 128);
-            else if (G == 4 && D == 128)
-                failed += PIECE_TASK(4, 128);
-            else
-                failed += PIECE_TASK(G, D);
+            failed += WITH_HEAD_SHAPE(G, D, PIECE_TASK);
 #undef PIECE_TASK
         }
         if (failed == 0) {
