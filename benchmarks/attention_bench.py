@@ -9,10 +9,12 @@ noisy, so only the ratios are meant to travel):
   - attention: the backend's per-step `prepare` plus `decode` of all 30 layers;
   - decode step: `prepare` plus the whole model forward over the N decode rows and the logits.
 "per-context" is the engine's first per-context decode (advanced-indexing gathers into fresh
-buffers per layer, boolean mask); "tuned" is today's engine `PagedAttention` (block gather by
-`index_select` into buffers reused by every layer, additive mask): the stronger baseline;
+buffers per layer, boolean mask); "tuned" is today's engine `PagedAttention`: the native
+per-context kernel when the native kernels are on (bf16 on an AVX512-BF16 CPU), else block gathers
+by `index_select` into buffers reused by every layer and an additive mask: the stronger baseline;
 "shared" is `SharedPrefixAttention` (the prefix once per step for the whole batch, then each
-suffix). Each figure is the fastest of `--rounds` rounds that alternate the paths (other work on a shared
+suffix; the native cascade kernel when the native kernels are on, else torch ops). Each figure is
+the fastest of `--rounds` rounds that alternate the paths (other work on a shared
 machine only ever adds time; the first round warms allocators and caches); within a round, short
 calls repeat for `--min-time` seconds.
 Bytes: the KV each path must read per step (plus the weights, for the step) over its time, next
@@ -49,6 +51,12 @@ PATHS = ("per_context", "tuned", "shared")
 class PerContextV1(PagedAttention):
     """The engine's first per-context decode (kept here as a reference point): blocks gathered by
     advanced indexing into fresh buffers per layer, a boolean mask."""
+
+    def prepare_decode(self, seqs: list[SeqSpec]) -> None:
+        super().prepare_decode(seqs)
+        if seqs:  # its own boolean mask (the engine's path may be the native kernel, which needs none)
+            slots = torch.arange(self.decode_tables.shape[1] * self.cache.block_size)
+            self.decode_mask = (slots[None, :] < self.decode_lens[:, None])[:, None, None, :]
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         b, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
