@@ -17,7 +17,7 @@ from parrot.engine.config import EngineConfig
 from parrot.serve import ManagerConfig
 from parrot.serve.scheduler import POLICIES
 
-LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work runs
+LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work decodes
 KV_CACHE_BYTES = 512 << 20
 APP_CENTRIC_POLICY = "app_centric"
 SHARED_PREFIX_ATTENTION = "shared_prefix"
@@ -91,7 +91,11 @@ def plan_configs(
     attention = default_attention
     if prefix_field and SHARED_PREFIX_ATTENTION in _registered_backends():
         attention = SHARED_PREFIX_ATTENTION
-    cap = f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work runs"
+    prefill = EngineConfig().latency_prefill_tokens
+    cap = (
+        f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work decodes "
+        f"({prefill} while it only prefills)"
+    )
     goal = f"tpot_target_ms={tpot_target_ms:.0f}; " if target else ""
     specs = [
         ServerSpec("parrot", engine(LATENCY_CAP_TOKENS, attention), parrot_manager),

@@ -6,7 +6,7 @@
 
 Configurations, all serving the same model with the same dtype, each its own engine in this process:
 - Parrot: the SDK version of each app (the whole DAG submitted at once) on the manager; the engine
-  caps batched tokens while latency-critical work runs (the manager marks throughput work).
+  caps batched tokens while latency-critical work decodes (the manager marks throughput work).
 - (a) request-level client (the `openai` package, one request per call) over the manager's
   OpenAI-compatible endpoint, engine capped for latency (the paper's main baseline);
 - (b) the same, throughput-centric (no cap); (c) the same with automatic prefix reuse, when the
