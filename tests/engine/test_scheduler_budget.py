@@ -56,21 +56,16 @@ def test_a_lone_latency_prefill_takes_prefill_sized_steps() -> None:
     assert h.plan_tokens() == [512]
 
 
-def test_the_cap_holds_while_latency_work_decodes() -> None:
+@pytest.mark.parametrize(
+    ("decode_objective", "expected"),
+    [(LAT, [1, 127]), (TPUT, [1, 511])],  # the decode's one token, then as much of the prompt as allowed
+)
+def test_only_a_latency_critical_decode_caps_the_step(decode_objective: Objective, expected: list[int]) -> None:
     h = Harness(latency_max_batched_tokens=128, latency_prefill_tokens=512)
     h.computed("d", 40)
-    h.generate("d", LAT)
+    h.generate("d", decode_objective)
     h.fill("p", LAT, 1300)
-    # The decode's one token, then 127 of the prompt.
-    assert h.plan_tokens() == [1, 127]
-
-
-def test_a_throughput_decode_does_not_cap_a_latency_prefill() -> None:
-    h = Harness(latency_max_batched_tokens=128, latency_prefill_tokens=512)
-    h.computed("d", 40)
-    h.generate("d", TPUT)
-    h.fill("p", LAT, 1300)
-    assert h.plan_tokens() == [1, 511]
+    assert h.plan_tokens() == expected
 
 
 def test_a_fork_generate_ready_to_decode_counts_as_decoding() -> None:

@@ -231,6 +231,13 @@ def _checked_decode_lib(
     return lib
 
 
+def _decode_shape(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> tuple:
+    """The trailing arguments both decode kernels take: out, B, Hq, Hkv, D, block size, scale, threads."""
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    return (out.data_ptr(), b, hq, hkv, d, bs, scale, torch.get_num_threads())
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -243,29 +250,13 @@ def paged_decode(
     strided), k/v_cache [blocks, bs, Hkv, D], block_tables [B, max_blocks] int64, seq_lens [B]
     int64 -> [B, Hq * D]. Callers check `enabled()` and `paged_decode_supported` first."""
     lib = _checked_decode_lib("paged_decode", q, k_cache, v_cache, block_tables, seq_lens)
-    b, hq, d = q.shape
-    _, bs, hkv, _ = k_cache.shape
     tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
     if lens.numel() and int(lens.min()) < 1:
         raise ValueError("paged_decode: every sequence needs at least one token of KV")
-    out = torch.empty(b, hq * d, dtype=torch.bfloat16)
-    failed = lib.parrot_paged_decode(
-        q.data_ptr(),
-        q.stride(0),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        tables.data_ptr(),
-        tables.shape[1],
-        lens.data_ptr(),
-        out.data_ptr(),
-        b,
-        hq,
-        hkv,
-        d,
-        bs,
-        scale,
-        torch.get_num_threads(),
-    )
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
+    head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
+    args = (tables.data_ptr(), tables.shape[1], lens.data_ptr())
+    failed = lib.parrot_paged_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
     if failed:
         raise MemoryError(f"paged_decode: {failed} work items could not allocate their scores")
     return out
@@ -312,34 +303,14 @@ def cascade_decode(
     """`paged_decode` with each shared prefix read once for its rows: q [B, Hq, D] (rows may be
     strided), k/v_cache [blocks, bs, Hkv, D] -> [B, Hq * D]. Same checks as `paged_decode`."""
     lib = _checked_decode_lib("cascade_decode", q, k_cache, v_cache)
-    b, hq, d = q.shape
-    _, bs, hkv, _ = k_cache.shape
-    if pieces.slot_ptr.numel() != b + 1:
-        raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {b}")
-    out = torch.empty(b, hq * d, dtype=torch.bfloat16)
+    if pieces.slot_ptr.numel() != q.shape[0] + 1:
+        raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {q.shape[0]}")
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
     p = pieces
-    failed = lib.parrot_cascade_decode(
-        q.data_ptr(),
-        q.stride(0),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        p.lens.numel(),
-        p.block_ptr.data_ptr(),
-        p.blocks.data_ptr(),
-        p.lens.data_ptr(),
-        p.row_ptr.data_ptr(),
-        p.rows.data_ptr(),
-        p.slot_ptr.data_ptr(),
-        p.slots.data_ptr(),
-        out.data_ptr(),
-        b,
-        hq,
-        hkv,
-        d,
-        bs,
-        scale,
-        torch.get_num_threads(),
-    )
+    head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
+    csr = (p.block_ptr, p.blocks, p.lens, p.row_ptr, p.rows, p.slot_ptr, p.slots)
+    args = (p.lens.numel(), *(t.data_ptr() for t in csr))
+    failed = lib.parrot_cascade_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
     if failed:
         raise MemoryError(f"cascade_decode: {failed} work items could not allocate their buffers")
     return out
