@@ -1,0 +1,135 @@
+"""Native decode attention over the paged KV cache: one query token per sequence.
+
+`paged_decode` attends each sequence to its own KV, read in place through its block table;
+`cascade_decode` reads each shared prefix once for all the rows that share it (`CascadePieces`:
+the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp. Both run the
+C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`) through the library
+that `parrot.engine.kernels` loads; callers check `paged_decode_on` first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from parrot.engine import kernels
+
+
+def paged_decode_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether this thread's decode over a cache like `cache_k` runs on `paged_decode`."""
+    supported = paged_decode_supported(cache_k.dtype, num_heads, num_kv_heads, head_dim)
+    return cache_k.device.type == "cpu" and supported and kernels.enabled()
+
+
+def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether `paged_decode` takes this model's attention shape (bf16, D % 32 == 0, D <= 256, G <= 16)."""
+    return (
+        dtype == torch.bfloat16
+        and head_dim % 32 == 0
+        and head_dim <= 256
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads <= 16
+    )
+
+
+def _checked_decode_lib(
+    name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: torch.Tensor
+) -> ctypes.CDLL:
+    """The library, after the checks both decode kernels need (layout, dtype, device)."""
+    lib = kernels._lib
+    assert lib is not None, f"{name} without the native kernels"
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"{name}: q heads and the cache must be contiguous")
+    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
+        raise ValueError(f"{name}: q and the cache must be bfloat16")
+    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, *more)):
+        raise ValueError(f"{name}: CPU tensors only")
+    return lib
+
+
+def _decode_shape(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> tuple:
+    """The trailing arguments both decode kernels take: out, B, Hq, Hkv, D, block size, scale, threads."""
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    return (out.data_ptr(), b, hq, hkv, d, bs, scale, torch.get_num_threads())
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence over its paged KV, read in place: q [B, Hq, D] (rows may be
+    strided), k/v_cache [blocks, bs, Hkv, D], block_tables [B, max_blocks] int64, seq_lens [B]
+    int64 -> [B, Hq * D]. Callers check `enabled()` and `paged_decode_supported` first."""
+    lib = _checked_decode_lib("paged_decode", q, k_cache, v_cache, block_tables, seq_lens)
+    tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
+    if lens.numel() and int(lens.min()) < 1:
+        raise ValueError("paged_decode: every sequence needs at least one token of KV")
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
+    head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
+    args = (tables.data_ptr(), tables.shape[1], lens.data_ptr())
+    failed = lib.parrot_paged_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
+    if failed:
+        raise MemoryError(f"paged_decode: {failed} work items could not allocate their scores")
+    return out
+
+
+@dataclass(frozen=True)
+class CascadePieces:
+    """A step's decode rows as pieces of KV for `cascade_decode`: each shared prefix once for the
+    rows sharing it, then each row's private tail (int64 CSR arrays; see parrot_cascade_decode)."""
+
+    block_ptr: torch.Tensor  # [P + 1]: piece p reads blocks[block_ptr[p]:block_ptr[p + 1]]
+    blocks: torch.Tensor
+    lens: torch.Tensor  # [P]: tokens of each piece (>= 1)
+    row_ptr: torch.Tensor  # [P + 1]: piece p serves rows[row_ptr[p]:row_ptr[p + 1]]
+    rows: torch.Tensor
+    slot_ptr: torch.Tensor  # [B + 1]: row b's partials are slots[slot_ptr[b]:slot_ptr[b + 1]]
+    slots: torch.Tensor
+
+    @classmethod
+    def build(cls, pieces: list[tuple[list[int], list[int], int]], num_rows: int) -> CascadePieces:
+        """pieces: (rows, block ids, num tokens) each; every row must be in at least one piece."""
+
+        def csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            ptr = torch.tensor([0, *itertools.accumulate(len(x) for x in lists)], dtype=torch.long)
+            return ptr, torch.tensor([v for x in lists for v in x], dtype=torch.long)
+
+        block_ptr, blocks = csr([b for _, b, _ in pieces])
+        row_ptr, rows = csr([r for r, _, _ in pieces])
+        per_row: list[list[int]] = [[] for _ in range(num_rows)]
+        for slot, r in enumerate(rows.tolist()):
+            per_row[r].append(slot)
+        if any(not s for s in per_row):
+            raise ValueError("cascade_decode: every row needs a piece")
+        lens = torch.tensor([n for _, _, n in pieces], dtype=torch.long)
+        if lens.numel() and int(lens.min()) < 1:
+            raise ValueError("cascade_decode: every piece needs at least one token")
+        slot_ptr, slots = csr(per_row)
+        return cls(block_ptr, blocks, lens, row_ptr, rows, slot_ptr, slots)
+
+
+def cascade_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pieces: CascadePieces, scale: float
+) -> torch.Tensor:
+    """`paged_decode` with each shared prefix read once for its rows: q [B, Hq, D] (rows may be
+    strided), k/v_cache [blocks, bs, Hkv, D] -> [B, Hq * D]. Same checks as `paged_decode`."""
+    lib = _checked_decode_lib("cascade_decode", q, k_cache, v_cache)
+    if pieces.slot_ptr.numel() != q.shape[0] + 1:
+        raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {q.shape[0]}")
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
+    p = pieces
+    head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
+    csr = (p.block_ptr, p.blocks, p.lens, p.row_ptr, p.rows, p.slot_ptr, p.slots)
+    args = (p.lens.numel(), *(t.data_ptr() for t in csr))
+    failed = lib.parrot_cascade_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
+    if failed:
+        raise MemoryError(f"cascade_decode: {failed} work items could not allocate their buffers")
+    return out
