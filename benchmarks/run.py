@@ -197,6 +197,17 @@ async def warm_all(
             await client.aclose()
 
 
+WARM_PROMPT = "The history of the nation is the story of its people. " * 30
+
+
+def latency_target(lat: ManagerServer, client: Callable[[], RequestClient]) -> tuple[float | None, dict[int, float]]:
+    """Warm baseline (a)'s server; its step time at the latency cap becomes Parrot's latency target
+    (so Parrot and (a) aim at the same time per output token). Returns (target ms, step profile)."""
+    asyncio.run(warm_all({"lat": lat}, {"lat": client}, WARM_PROMPT))
+    profile = dict(getattr(lat.stats(), "step_ms_by_num_tokens", {}))
+    return step_ms_at(profile, LATENCY_CAP_TOKENS), profile
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 
@@ -251,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mode {scale.mode}: {len(scenarios)} scenarios; scaling:", flush=True)
     for s in scenarios:
         print(f"  {s.key}: {s.scaling}", flush=True)
-    warm_prompt = "The history of the nation is the story of its people. " * 30
 
     with contextlib.ExitStack() as stack:
         vllm = None
@@ -267,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         model = lat.model
         openai_routes = accepts_ignore_eos(servers["lat"].url, model)
         make_client = _openai_factory if openai_routes else _session_factory
-        asyncio.run(warm_all({"lat": servers["lat"]}, {"lat": make_client(servers["lat"].url, model)}, warm_prompt))
-        profile = getattr(lat.stats(), "step_ms_by_num_tokens", {})
-        tpot_ms = step_ms_at(profile, LATENCY_CAP_TOKENS)
+        tpot_ms, profile = latency_target(lat, make_client(lat.url, model))
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode], tpot_ms)
         configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
         if plan.prefix_field and not openai_routes:
@@ -312,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus.documents(1, 0)
         main_servers = {c.server for c in configs if not c.ablation} - {"lat"}
         others = {n: s for n, s in servers.items() if n != "lat"}
-        asyncio.run(warm_all(others, clients, warm_prompt, thorough=main_servers))
+        asyncio.run(warm_all(others, clients, WARM_PROMPT, thorough=main_servers))
         records = asyncio.run(run_all(scenarios, configs, ctx, repeats, deadline))
 
     results = {

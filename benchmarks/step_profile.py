@@ -25,7 +25,7 @@ from typing import Any
 from benchmarks import run as bench
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus
-from benchmarks.configs import LATENCY_CAP_TOKENS, plan_configs, step_ms_at
+from benchmarks.configs import plan_configs
 from benchmarks.deploy import LocalServer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"])
         lat = stack.enter_context(bench._running(bench._spec(plan, "lat")))
-        warm = "The history of the nation is the story of its people. " * 30
-        asyncio.run(bench.warm_all({"lat": lat}, {"lat": bench._openai_factory(lat.url, lat.model)}, warm))
-        tpot = step_ms_at(lat.stats().step_ms_by_num_tokens, LATENCY_CAP_TOKENS)
+        tpot, _ = bench.latency_target(lat, bench._openai_factory(lat.url, lat.model))
         plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"], tpot)
         configs = [c for c in plan.configs if c.key in args.configs]
         missing = set(args.configs) - {c.key for c in configs}
@@ -110,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         rtt = RttModel.from_workloads(paper, 1.0)
         ctx = bench.Context(scale, corpus, rtt, servers, clients, dict.fromkeys(servers, "openai"), 300.0)
         corpus.documents(1, 0)
-        asyncio.run(bench.warm_all({n: s for n, s in servers.items() if n != "lat"}, clients, warm))
+        asyncio.run(bench.warm_all({n: s for n, s in servers.items() if n != "lat"}, clients, bench.WARM_PROMPT))
         for scenario in scenarios:
             for config in configs:
                 if not bench.applicable(scenario, config):
