@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from benchmarks.deploy import ServerSpec
 from parrot.engine.config import EngineConfig
 from parrot.serve import ManagerConfig
-from parrot.serve.scheduler import POLICIES
+from parrot.serve.policy.registry import POLICIES
 
 LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work decodes
 KV_CACHE_BYTES = 512 << 20

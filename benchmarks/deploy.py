@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import uvicorn
 
+from parrot.backends.connect import connect_engine
+from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.launch import OpenAIUpstream
 from parrot.protocol.engine_api import EngineStats
-from parrot.serve import EngineClient, ManagerConfig, create_app, create_manager
-from parrot.serve.openai_engine import OpenAIEngineClient
+from parrot.protocol.engine_client import EngineClient
+from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.web.server_thread import ServerThread
 
 API_KEY = "bench"
 
@@ -53,8 +55,7 @@ class ManagerServer:
     def __init__(self, name: str, manager: ManagerConfig) -> None:
         self.name = name
         self.manager_config = manager
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ServerThread | None = None
         self.url = ""
 
     @property
@@ -74,31 +75,20 @@ class ManagerServer:
 
     def start(self, timeout_s: float = 120.0) -> ManagerServer:
         manager = create_manager([self._engine()], config=self.manager_config)
-        config = uvicorn.Config(
-            create_app(manager),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=5,
+        self._server = ServerThread(
+            create_app(manager, connect_engine=connect_engine), graceful_shutdown_s=5, name=f"bench-{self.name}"
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"bench-{self.name}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self._stop_engine()
-                raise RuntimeError(f"server {self.name} did not start")
-            time.sleep(0.02)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._server.start(timeout=timeout_s)
+        except RuntimeError as e:
+            self._stop_engine()
+            raise RuntimeError(f"server {self.name} did not start") from e
+        self.url = self._server.url
         return self
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=30)
+        if self._server is not None:
+            self._server.stop()
         self._stop_engine()
 
     def wait_idle(self, timeout_s: float = 60.0) -> EngineStats:

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             vllm = stack.enter_context(vllm_server(dtype=args.dtype))
         # Baseline (a) first: its engine's step profile sets Parrot's latency target.
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode])
-        lat = stack.enter_context(_running(_spec(plan, "lat")))
+        lat = stack.enter_context(running(server_spec(plan, "lat")))
         servers: dict[str, ManagerServer] = {"lat": lat}
         model = lat.model
         openai_routes = accepts_ignore_eos(servers["lat"].url, model)
@@ -292,18 +292,18 @@ def main(argv: list[str] | None = None) -> int:
             configs.insert(num_main, Config("d", "(d) vLLM", "vllm", False, about=VLLM))
             configs.insert(num_main, Config("parrot_vllm", "Parrot+vLLM", "parrot_vllm", True, about=PARROT_VLLM))
             upstream = OpenAIUpstream(vllm.base_url, vllm.model, str(vllm.model_folder))
-            over_vllm = parrot_over(upstream, _spec(plan, "parrot"))
-            servers["parrot_vllm"] = stack.enter_context(_running_upstream(over_vllm))
+            over_vllm = parrot_over(upstream, server_spec(plan, "parrot"))
+            servers["parrot_vllm"] = stack.enter_context(running_upstream(over_vllm))
         else:
             plan.unavailable.append("(d) real vLLM and Parrot+vLLM: not requested (pass --with-vllm)")
         for spec in plan.specs:
             if spec.name not in servers and any(c.server == spec.name for c in configs):
-                servers[spec.name] = stack.enter_context(_running(spec))
+                servers[spec.name] = stack.enter_context(running(spec))
         clients = {name: make_client(server.url, server.model) for name, server in servers.items()}
         kind = "openai /v1/completions" if openai_routes else "one-call sessions (the OpenAI routes refuse ignore_eos)"
         client_kind = dict.fromkeys(servers, kind)
         if vllm is not None:
-            clients["vllm"] = _openai_factory(vllm.base_url, vllm.model)
+            clients["vllm"] = openai_factory(vllm.base_url, vllm.model)
             client_kind["vllm"] = "openai /v1/completions"
         if not plan.prefix_field:
             if cached_prompt_tokens(servers["tput"].url, model, "Repeat after me. " * 64):
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _spec(plan: Plan, name: str) -> ServerSpec:
+def server_spec(plan: Plan, name: str) -> ServerSpec:
     return next(s for s in plan.specs if s.name == name)
 
 
@@ -378,12 +378,12 @@ def parrot_over(upstream: OpenAIUpstream, parrot: ServerSpec) -> UpstreamSpec:
     return UpstreamSpec("parrot_vllm", upstream, parrot.manager)
 
 
-def _running(spec: ServerSpec) -> contextlib.AbstractContextManager[LocalServer]:
+def running(spec: ServerSpec) -> contextlib.AbstractContextManager[LocalServer]:
     print(f"starting {spec.name} ...", flush=True)
     return _serving(LocalServer(spec))
 
 
-def _running_upstream(spec: UpstreamSpec) -> contextlib.AbstractContextManager[UpstreamServer]:
+def running_upstream(spec: UpstreamSpec) -> contextlib.AbstractContextManager[UpstreamServer]:
     print(f"starting {spec.name} (a manager over {spec.upstream.url}) ...", flush=True)
     return _serving(UpstreamServer(spec))
 
@@ -397,7 +397,7 @@ def _serving(server: S) -> Iterator[S]:
         server.stop()
 
 
-def _openai_factory(url: str, model: str) -> Callable[[], RequestClient]:
+def openai_factory(url: str, model: str) -> Callable[[], RequestClient]:
     return lambda: OpenAIClient(url, model)
 
 

@@ -69,7 +69,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
 def cmd_engine(a: argparse.Namespace) -> None:
     from parrot.engine.api import AsyncEngine
     from parrot.engine.server.app import create_engine_app
-    from parrot.engine.server.launch import ServerThread
+    from parrot.web.server_thread import ServerThread
 
     engine = AsyncEngine(_engine_config(a))
     engine.start()

@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parrot.backends.connect import connect_engine
+from parrot.backends.http_engine import HttpEngineClient
+from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.model.loader import resolve_model_folder
-from parrot.engine.server.launch import ServerThread
-from parrot.serve.app import create_app
+from parrot.protocol.engine_client import EngineClient
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineClient, HttpEngineClient
+from parrot.serve.http.app import create_app
 from parrot.serve.manager import Manager, create_manager
-from parrot.serve.openai_engine import OpenAIEngineClient
+from parrot.web.server_thread import ServerThread
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def start_embedded(
     for e in engines:
         e.start()
     manager = create_manager(clients, config=manager_config)
-    server = ServerThread(create_app(manager), host=host, port=port)
+    server = ServerThread(create_app(manager, connect_engine=connect_engine), host=host, port=port)
     try:
         server.start(timeout=120)
     except Exception:

@@ -1,5 +1,6 @@
-"""Imports go one way: protocol at the bottom; frontend and serve never import torch or the engine;
-the engine never imports serve or frontend."""
+"""The tree's shape, checked: imports go one way between layers and folders, no module takes part in
+an import cycle (type-only and function-level imports included), benchmarks use public APIs only,
+and no Python file passes 400 lines."""
 
 from __future__ import annotations
 
@@ -8,36 +9,179 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "parrot"
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "parrot"
 
-FORBIDDEN = {
-    "protocol": ("parrot.", "torch"),
-    "text": ("parrot.engine", "parrot.serve", "parrot.frontend", "torch"),
-    "frontend": ("parrot.engine", "parrot.serve", "parrot.text", "torch", "transformers"),
-    "serve": ("parrot.engine", "parrot.frontend", "torch", "transformers"),
-    "engine": ("parrot.serve", "parrot.frontend"),
+# Folder (relative to parrot/) -> import prefixes it must not use. The most specific folder applies
+# together with every enclosing one.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "protocol": ("parrot.", "torch", "fastapi", "httpx"),
+    "text": ("parrot.engine", "parrot.serve", "parrot.frontend", "parrot.backends", "parrot.web", "torch"),
+    "frontend": ("parrot.engine", "parrot.serve", "parrot.text", "parrot.backends", "parrot.web", "torch"),
+    "web": ("parrot.engine", "parrot.serve", "parrot.frontend", "parrot.backends", "parrot.text", "torch"),
+    "backends": ("parrot.engine", "parrot.serve", "parrot.frontend", "torch", "transformers"),
+    "serve": ("parrot.engine", "parrot.frontend", "parrot.backends", "torch", "transformers"),
+    # Policies are pure planning: they never reach into runtime state, the HTTP layer or the manager.
+    "serve/policy": ("parrot.serve.runtime", "parrot.serve.http", "parrot.serve.manager", "parrot.text", "fastapi"),
+    "serve/runtime": ("parrot.serve.http", "parrot.serve.manager", "fastapi"),
+    "engine": ("parrot.serve", "parrot.frontend", "parrot.backends"),
+    # The model file imports torch only; native kernels are a transform applied to a loaded model.
+    "engine/model": ("parrot.engine.kernels", "parrot.engine.attention", "parrot.engine.sched", "parrot.text"),
 }
 ALLOWED = {"protocol": ("parrot.protocol",)}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
 
 
 def imports_of(path: Path) -> list[str]:
+    """Every absolute module name `path` imports, anywhere in the file (also under TYPE_CHECKING
+    and inside functions); `from a import b` counts as `a.b` when that is a module."""
     names: list[str] = []
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                names.append(full if full in MODULES else base)
     return names
 
 
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_layer_imports_go_one_way(layer: str) -> None:
-    files = sorted((ROOT / layer).rglob("*.py"))
-    assert files, f"no files in parrot/{layer}"
+def project_target(name: str) -> str | None:
+    """The project module an import name resolves to (the longest module prefix), or None."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return None
+
+
+def rules_for(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT).parent.as_posix()
+    return [folder for folder in FORBIDDEN if rel == folder or rel.startswith(folder + "/")]
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN))
+def test_imports_go_one_way(folder: str) -> None:
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files, f"no files in parrot/{folder}"
     bad = []
     for f in files:
-        for name in imports_of(f):
-            allowed = any(name.startswith(a) for a in ALLOWED.get(layer, ()))
-            if not allowed and any(name == p.rstrip(".") or name.startswith(p) for p in FORBIDDEN[layer]):
-                bad.append(f"{f.relative_to(ROOT)} imports {name}")
+        for rule in rules_for(f):
+            for name in imports_of(f):
+                if any(name.startswith(a) for a in ALLOWED.get(rule, ())):
+                    continue
+                if any(
+                    name == p.rstrip(".") or name.startswith(p if p.endswith(".") else p + ".") or name == p
+                    for p in FORBIDDEN[rule]
+                ):
+                    bad.append(f"{f.relative_to(ROOT)} imports {name} ({rule} must not)")
     assert bad == []
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return cycles
+
+
+def test_import_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {project_target(i) for i in imports_of(path)}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    assert import_cycles(graph) == []
+
+
+def test_benchmarks_use_public_apis_only() -> None:
+    """No private name of the project imported, and no `x._private` reached into (own `self` aside)."""
+    bad = []
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("parrot"):
+                bad += [f"{where} imports {a.name}" for a in node.names if a.name.startswith("_")]
+                if any(p.startswith("_") and p != "__init__" for p in (node.module or "").split(".")):
+                    bad.append(f"{where} imports {node.module}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                bad.append(f"{where} reaches {ast.unparse(node)}")
+    assert bad == []
+
+
+def test_no_python_file_over_400_lines() -> None:
+    long = []
+    for folder in ("parrot", "tests", "benchmarks", "examples", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            num_lines = len(path.read_text().splitlines())
+            if num_lines > MAX_LINES:
+                long.append(f"{path.relative_to(REPO)}: {num_lines}")
+    assert long == []
+
+
+def test_every_folder_has_a_readme() -> None:
+    folders = sorted({p.parent for p in ROOT.rglob("*.py")})
+    missing = [f.relative_to(REPO).as_posix() for f in folders if not (f / "README.md").is_file()]
+    assert missing == []

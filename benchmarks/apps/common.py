@@ -109,7 +109,7 @@ class Corpus:
         self._documents: tuple[data.Document, ...] | None = None
         self._ids: dict[str, list[int]] = {}
         self._memo: dict[tuple, tuple] = {}
-        self._salt = ""
+        self.salt_prefix = ""
 
     def salted(self, salt: str) -> Corpus:
         """The same data, every text piece (chunks, truncated prompts) starting with `(run
@@ -117,7 +117,7 @@ class Corpus:
         or another configuration (whose caches would otherwise serve a repeat or a peer on the
         same server). Loaded data and tokenizations are shared with this corpus."""
         view = copy.copy(self)
-        view._salt = f"(run {salt}) "
+        view.salt_prefix = f"(run {salt}) "
         return view
 
     def documents(self, n: int, min_tokens: int) -> tuple[data.Document, ...]:
@@ -162,7 +162,7 @@ class Corpus:
         return self.text(self.tokenizer.encode(text)[:num_tokens])
 
     def text(self, ids: list[int]) -> str:
-        return self._salt + literal(self.tokenizer.decode(ids))
+        return self.salt_prefix + literal(self.tokenizer.decode(ids))
 
     def num_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

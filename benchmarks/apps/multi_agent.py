@@ -57,9 +57,9 @@ class Params:
 
     @property
     def num_output_tokens(self) -> int:
-        return sum(r.output_tokens[0] if r.role == "architect" else sum(self._outs(r)) for r in self.rounds)
+        return sum(r.output_tokens[0] if r.role == "architect" else sum(self.outs(r)) for r in self.rounds)
 
-    def _outs(self, r: Round) -> list[int]:
+    def outs(self, r: Round) -> list[int]:
         return [r.output_tokens[i % len(r.output_tokens)] for i in range(self.num_files)]
 
 
@@ -161,7 +161,7 @@ async def _parrot_app(params: Params, target: Target, templates: Templates) -> f
             outputs = []
             for i in range(params.num_files):
                 template, inputs = templates.branch(r.role, i, r.role == "reviser")
-                fn = semantic(f"{r.role}{i}", template, inputs, "out", params._outs(r)[i])
+                fn = semantic(f"{r.role}{i}", template, inputs, "out", params.outs(r)[i])
                 outputs.append(fn.invoke(session.core, *(state[name] for name in inputs)))
             prefix = "review" if r.role == "reviewer" else "code"
             state.update({f"{prefix}{i}": v for i, v in enumerate(outputs)})
@@ -183,7 +183,7 @@ async def _baseline_app(params: Params, target: Target, templates: Templates) ->
         for i in range(params.num_files):
             template, inputs = templates.branch(r.role, i, r.role == "reviser")
             prompt = render_prompt(template, {name: state[name] for name in inputs})
-            calls.append(client.complete(prompt, params._outs(r)[i]))
+            calls.append(client.complete(prompt, params.outs(r)[i]))
         answers = await asyncio.gather(*calls)
         prefix = "review" if r.role == "reviewer" else "code"
         state.update({f"{prefix}{i}": a.text for i, a in enumerate(answers)})

@@ -11,20 +11,30 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
-
-if TYPE_CHECKING:
-    from parrot.frontend.core import SessionCore
 
 T = TypeVar("T")
 _END = object()
 
 
+class VariableOwner(Protocol):
+    """What a variable needs of its session (core.SessionCore implements it): the event loop its
+    requests run on, and the three requests on one variable."""
+
+    loop: asyncio.AbstractEventLoop
+
+    async def get(self, var: SemanticVariable, criteria: Criteria, timeout: float | None) -> str: ...
+
+    def stream(self, var: SemanticVariable, criteria: Criteria) -> AsyncIterator[str]: ...
+
+    async def set(self, var: SemanticVariable, value: str) -> None: ...
+
+
 class SemanticVariable:
-    def __init__(self, core: SessionCore, var_id: str, name: str | None, seq: int, value: str | None = None) -> None:
+    def __init__(self, core: VariableOwner, var_id: str, name: str | None, seq: int, value: str | None = None) -> None:
         self._core = core
         self.var_id = var_id
         self.name = name

@@ -98,7 +98,7 @@ class EngineStats(_Msg):
 def check_context_ids(contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool) -> None:
     """The engine API's id rules for a Fill (`must_exist=False`) or a Generate (`True`): a fork
     names a new id and an existing parent other than itself; otherwise a Generate needs the
-    context. Raises ParrotError (404 / 409 / 422) naming the field. Every engine applies them."""
+    context. Raises ParrotError (400 / 404 / 409) naming the field. Every engine applies them."""
     exists = context_id in contexts
     if parent_id is None and must_exist and not exists:
         raise not_found("context", context_id, "context_id")

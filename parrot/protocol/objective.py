@@ -1,4 +1,11 @@
-"""Performance objectives: what a `get` asks for, and what the manager deduces for each call."""
+"""Performance objectives, two words for two things (DESIGN.md's glossary).
+
+`Criteria` is what a client attaches to a `get`: a person awaits this value (latency), or the
+batch should end soon (throughput). `Objective` is what the manager deduces for a call from the
+criteria downstream of it, and what engines schedule by. They share their two values, but one is
+a request and the other a decision, so they are distinct types; `Objective.of(criteria)` is the
+one place a criteria becomes an objective.
+"""
 
 from __future__ import annotations
 
@@ -12,5 +19,12 @@ class Criteria(StrEnum):
     THROUGHPUT = "throughput"
 
 
-# A call's deduced objective uses the same two values; the alias keeps the glossary's words apart.
-Objective = Criteria
+class Objective(StrEnum):
+    """A call's deduced performance objective; engines batch and cap by it."""
+
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+
+    @classmethod
+    def of(cls, criteria: Criteria) -> Objective:
+        return cls(criteria.value)

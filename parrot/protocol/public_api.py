@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from parrot.protocol.objective import Criteria
+from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.sampling import SamplingParams
 
 # Any variable id; a client-chosen one has no `~` (the manager's own ids do, so they never collide).
@@ -67,7 +67,7 @@ class CallStatus(_Msg):
     call_id: str
     name: str | None
     state: str  # waiting | running | done | failed
-    objective: Criteria  # deduced from the gets downstream (latency or throughput)
+    objective: Objective  # deduced from the gets downstream (latency or throughput)
     urgency: Criteria | None  # the strongest criteria waiting on it (None: nobody asked yet)
     task_group: str | None  # call id of the consumer its task group feeds
     priority: int

@@ -1,13 +1,12 @@
 """The manager: sessions, the session DAG, analysis, scheduling and dispatch to engines (no torch).
 
-Entry points for a launcher:
+Entry points for a launcher (parrot/launch.py is the one that wires engines in):
     manager = create_manager(engines, tokenizer_folder=None, config=ManagerConfig())
-    app = create_app(manager)      # FastAPI; its lifespan runs manager.start() / manager.stop()
+    app = create_app(manager, connect_engine=...)  # FastAPI; its lifespan runs manager.start() / stop()
 """
 
-from parrot.serve.app import create_app
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineClient, HttpEngineClient
+from parrot.serve.http.app import create_app
 from parrot.serve.manager import Manager, create_manager
 
-__all__ = ["EngineClient", "HttpEngineClient", "Manager", "ManagerConfig", "create_app", "create_manager"]
+__all__ = ["Manager", "ManagerConfig", "create_app", "create_manager"]

@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import (
@@ -36,17 +37,16 @@ from parrot.protocol.public_api import (
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.contexts import PrefixContexts
-from parrot.serve.engine_client import EngineClient, EngineUnavailable
-from parrot.serve.engines import EngineHandle, EnginePool
-from parrot.serve.executor import GraphExecutor
-from parrot.serve.graph import CallNode, CallState, StagedBatch
-from parrot.serve.health import HealthMonitor
-from parrot.serve.prefix import chat_message_boundaries
-from parrot.serve.prefix_cache import PrefixCache
-from parrot.serve.render import check_prompt_len, text_piece_token_ids
-from parrot.serve.session import Session, SessionRegistry
-from parrot.serve.variable import Variable
+from parrot.serve.policy.prefix import chat_message_boundaries
+from parrot.serve.runtime.contexts import PrefixContexts
+from parrot.serve.runtime.engines import EngineHandle, EnginePool
+from parrot.serve.runtime.executor import GraphExecutor
+from parrot.serve.runtime.graph import CallNode, CallState, StagedBatch
+from parrot.serve.runtime.health import HealthMonitor
+from parrot.serve.runtime.prefix_cache import PrefixCache
+from parrot.serve.runtime.render import check_prompt_len, text_piece_token_ids
+from parrot.serve.runtime.session import Session, SessionRegistry
+from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
 

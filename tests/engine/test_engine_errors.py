@@ -15,8 +15,8 @@ from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.engine import LLMEngine
 from parrot.engine.server.app import create_engine_app
-from parrot.engine.server.launch import ServerThread
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, ParrotError, SamplingParams
+from parrot.web.server_thread import ServerThread
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +102,15 @@ def test_http_api_and_malformed_bodies(server: str) -> None:
             events = [json.loads(line) for line in s.iter_lines() if line]
         assert len(events) == 4 and events[-1]["finish_reason"] == "length"
         assert all(isinstance(e["token_id"], int) for e in events)
-        # Malformed bodies: 422 naming the field.
+        # Malformed bodies: 400 naming the field, as the manager answers (one error mapping: parrot.web.edge).
         r = c.post("/v1/engine/fill", json={"context_id": "h3", "token_ids": "abc"})
-        assert r.status_code == 422 and r.json()["error"]["field"] == "token_ids"
+        assert r.status_code == 400 and r.json()["error"]["field"] == "token_ids"
         r = c.post("/v1/engine/generate", json={"context_id": "h1", "sampling": {"temperature": -2}})
-        assert r.status_code == 422 and r.json()["error"]["field"] == "sampling.temperature"
+        assert r.status_code == 400 and r.json()["error"]["field"] == "sampling.temperature"
         r = c.post("/v1/engine/fill", content=b"{not json", headers={"content-type": "application/json"})
-        assert r.status_code == 422
+        assert r.status_code == 400
         r = c.post("/v1/engine/fill", json={"context_id": "", "token_ids": [1]})
-        assert r.status_code == 422 and r.json()["error"]["field"] == "context_id"
+        assert r.status_code == 400 and r.json()["error"]["field"] == "context_id"
         r = c.post("/v1/engine/generate", json={"context_id": "h9", "parent_context_id": "missing"})
         assert r.status_code == 404 and r.json()["error"]["field"] == "parent_context_id"
         r = c.post("/v1/engine/free_context", json={"context_id": "missing"})

@@ -17,9 +17,9 @@ from pathlib import Path
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.server.app import create_engine_app
-from parrot.engine.server.launch import ServerThread
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest
 from parrot.protocol.sampling import SamplingParams
+from parrot.web.server_thread import ServerThread
 
 
 @dataclass

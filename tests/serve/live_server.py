@@ -7,7 +7,6 @@ Imported by tests/serve/conftest.py and tests/frontend/conftest.py.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
+from parrot.backends.connect import connect_engine
 from parrot.engine.api import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.protocol.engine_api import (
@@ -32,6 +31,7 @@ from parrot.protocol.engine_api import (
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
 from parrot.serve.manager import Manager
+from parrot.web.server_thread import ServerThread
 
 
 class RecordingEngine:
@@ -76,26 +76,11 @@ def start_tiny_engine(model_folder: Path, num_blocks: int = 4096) -> AsyncEngine
 @contextmanager
 def serve_app(app: FastAPI) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
     """Serve `app` (lifespan on) on 127.0.0.1:0 in a thread; yield (base_url, the server's loop)."""
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
-    )
-    server = uvicorn.Server(config)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the manager's server did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server = ServerThread(app, graceful_shutdown_s=5, name="test-manager").start(timeout=60)
     try:
-        yield f"http://127.0.0.1:{port}", loop
+        yield server.url, server.loop
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        if not thread.is_alive():
-            loop.close()
+        server.stop()
 
 
 @dataclass
@@ -153,7 +138,7 @@ class LiveServer:
 def live_server(engine: AsyncEngine, config: ManagerConfig | None = None) -> Iterator[LiveServer]:
     recorder = RecordingEngine(engine)
     manager = create_manager([recorder], config=config)
-    with serve_app(create_app(manager)) as (url, loop):
+    with serve_app(create_app(manager, connect_engine=connect_engine)) as (url, loop):
         yield LiveServer(url, manager, recorder, loop)
 
 

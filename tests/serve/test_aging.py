@@ -15,8 +15,8 @@ from fake_engine import FakeEngine
 
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
-from parrot.serve.graph import CallNode, CallState
 from parrot.serve.manager import create_manager
+from parrot.serve.runtime.graph import CallNode, CallState
 
 HOT = "You are the on-call assistant for the payments team; reply with one word only, please. " * 2
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from parrot.protocol.objective import Objective
-from parrot.serve.app_centric import AppCentricPolicy
-from parrot.serve.scheduler import CallView, EarlyFill, EngineView, Plan, Snapshot, make_policy
+from parrot.serve.policy.app_centric import AppCentricPolicy
+from parrot.serve.policy.plan import CallView, EarlyFill, EngineView, Plan, Snapshot
+from parrot.serve.policy.registry import make_policy
 
 LAT, TPUT = Objective.LATENCY, Objective.THROUGHPUT
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parrot.serve.capacity import calibrate_latency_cap, call_capacity
+from parrot.serve.policy.capacity import calibrate_latency_cap, call_capacity
 
 
 def test_calibration_from_the_step_profile() -> None:

@@ -8,7 +8,7 @@ import time
 from live_server import LiveServer
 
 from parrot.frontend import Input, Output, SamplingParams, Session, semantic_function
-from parrot.serve.graph import CallState
+from parrot.serve.runtime.graph import CallState
 from parrot.text import Tokenizer
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -20,12 +20,12 @@ from parrot.protocol.engine_api import (
     GenerateRequest,
     TokenEvent,
 )
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineUnavailable
 from parrot.serve.manager import Manager, create_manager
-from parrot.serve.prefix import PointKind, PrefixPoint, prefix_points
-from parrot.serve.session import Session
+from parrot.serve.policy.prefix import PointKind, PrefixPoint, prefix_points
+from parrot.serve.runtime.session import Session
 from parrot.text import Tokenizer
 
 STORY = " alpha beta gamma delta epsilon zeta eta theta iota kappa"

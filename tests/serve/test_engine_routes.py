@@ -9,8 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 from engine_farm import farm
-from live_server import LiveServer
+from live_server import LiveServer, serve_app
 
+from parrot.engine.api import AsyncEngine
+from parrot.serve import create_app, create_manager
 from parrot.text import Tokenizer
 
 
@@ -63,3 +65,14 @@ def test_chat_requests_reuse_a_cached_system_prompt(server: LiveServer) -> None:
         assert got.usage is not None and got.usage.prompt_tokens_details is not None
         cached.append(got.usage.prompt_tokens_details.cached_tokens)
     assert cached == [0, n_system - 1]
+
+
+def test_registration_needs_the_launchers_connector(tiny_engine: AsyncEngine) -> None:
+    """The manager builds no engine client itself: without a connector from the launcher,
+    `POST /v1/engines` is refused (501, naming `url`) and the engine list is unchanged."""
+    manager = create_manager([tiny_engine])
+    key = {"Authorization": "Bearer k"}
+    with serve_app(create_app(manager)) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        resp = http.post("/v1/engines", json={"url": "http://127.0.0.1:9"}, headers=key)
+        assert [resp.status_code, resp.json()["error"]["field"]] == [501, "url"]
+        assert [e["engine_id"] for e in http.get("/v1/engines", headers=key).json()["engines"]] == ["e0"]

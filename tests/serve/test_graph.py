@@ -8,7 +8,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import parse_template
-from parrot.serve.graph import SessionGraph
+from parrot.serve.runtime.graph import SessionGraph
 
 
 def call(template: str, **bindings: Binding) -> tuple[CallSpec, object, str]:

@@ -15,7 +15,7 @@ from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, Variabl
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
 from parrot.serve.manager import Manager, create_manager
-from parrot.serve.session import Session
+from parrot.serve.runtime.session import Session
 
 
 def run(

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from engine_farm import ServedEngine, farm, reference
 
+from parrot.backends.http_engine import HttpEngineClient
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import HttpEngineClient
-from parrot.serve.graph import CallState
 from parrot.serve.manager import Manager, create_manager
-from parrot.serve.scheduler import Plan
-from parrot.serve.session import Session
+from parrot.serve.policy.plan import Plan
+from parrot.serve.runtime.graph import CallState
+from parrot.serve.runtime.session import Session
 from parrot.text import Tokenizer
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

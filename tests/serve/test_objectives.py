@@ -5,8 +5,9 @@ from __future__ import annotations
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec
 from parrot.protocol.template import parse_template
-from parrot.serve.graph import SessionGraph
-from parrot.serve.objectives import DagCall, Deduction, deduce, deduce_session
+from parrot.serve.policy.objectives import DagCall, Deduction, deduce
+from parrot.serve.runtime.deduction import deduce_session
+from parrot.serve.runtime.graph import SessionGraph
 
 LAT, TPUT = Objective.LATENCY, Objective.THROUGHPUT
 

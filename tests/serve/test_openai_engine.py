@@ -16,16 +16,17 @@ import httpx
 import pytest
 from live_server import LiveServer, serve_app, start_tiny_engine
 
+from parrot.backends.connect import connect_engine
+from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.api import AsyncEngine
 from parrot.launch import OpenAIUpstream, start_embedded
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
+from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
-from parrot.serve.engine_client import EngineClient, EngineUnavailable
 from parrot.serve.manager import Manager
-from parrot.serve.openai_engine import OpenAIEngineClient
 from parrot.text import Tokenizer
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -35,7 +36,7 @@ GUIDE = "You are a careful assistant. Read the part below and write one short li
 @contextmanager
 def upstream(engine: AsyncEngine, config: ManagerConfig | None = None) -> Iterator[str]:
     """Parrot's OpenAI-compatible server over `engine`: the adapter's upstream."""
-    with serve_app(create_app(create_manager([engine], config=config))) as (url, _):
+    with serve_app(create_app(create_manager([engine], config=config), connect_engine=connect_engine)) as (url, _):
         yield url
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from parrot.backends.openai_dialect import StopRule, choice_events, completion_body, upstream_error
 from parrot.protocol.engine_api import TokenEvent
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.openai_upstream import StopRule, choice_events, completion_body, upstream_error
 
 RULE = StopRule(eos_ids=frozenset({2}), ignore_eos=False)
 UNKNOWN_EOS = StopRule(eos_ids=frozenset(), ignore_eos=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.serve.prefix import (
+from parrot.serve.policy.prefix import (
     PointKind,
     PrefixPoint,
     block_boundaries,

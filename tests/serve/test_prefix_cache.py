@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.serve.prefix import PointKind, PrefixPoint
-from parrot.serve.prefix_cache import EntryState, MemoryView, PrefixCache, PrefixEntry, plan_evictions
+from parrot.serve.policy.prefix import PointKind, PrefixPoint
+from parrot.serve.runtime.prefix_cache import EntryState, MemoryView, PrefixCache, PrefixEntry, plan_evictions
 
 
 def point(n: int) -> PrefixPoint:

@@ -16,8 +16,8 @@ from parrot.protocol.objective import Criteria
 from parrot.protocol.openai_api import ChatCompletionRequest
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
+from parrot.serve.http.openai_routes import _OneCall
 from parrot.serve.manager import Manager, create_manager
-from parrot.serve.routes_openai import _OneCall  # the chat route's one-call session
 from parrot.text import Tokenizer
 
 SYSTEM = "SYSTEM: You are a careful assistant who answers briefly and checks every fact twice. " * 2

@@ -6,14 +6,15 @@ import asyncio
 
 import pytest
 
+from parrot.backends.http_engine import HttpEngineClient
 from parrot.engine.api import AsyncEngine
 from parrot.engine.server.app import create_engine_app
-from parrot.engine.server.launch import ServerThread
 from parrot.protocol.engine_api import FreeContextRequest
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve import HttpEngineClient, create_manager
+from parrot.serve import create_manager
+from parrot.web.server_thread import ServerThread
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
 

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 
 from parrot.protocol.errors import ParrotError
-from parrot.serve.scheduler import (
-    CallView,
-    Dispatch,
-    EarlyFill,
-    EngineView,
-    FailCall,
-    FifoPolicy,
-    Plan,
-    Snapshot,
-    make_policy,
-)
+from parrot.serve.policy.fifo import FifoPolicy
+from parrot.serve.policy.plan import CallView, Dispatch, EarlyFill, EngineView, FailCall, Plan, Snapshot
+from parrot.serve.policy.registry import make_policy
 
 
 def view(call_id: str, order: int, **kw: object) -> CallView:

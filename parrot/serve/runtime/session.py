@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
-from parrot.serve.graph import SessionGraph
+from parrot.serve.runtime.graph import SessionGraph
 
 _NUM_TOMBSTONES = 10_000
 

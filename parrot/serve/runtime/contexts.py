@@ -23,12 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest
+from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineClient, EngineUnavailable
-from parrot.serve.engines import EngineHandle
-from parrot.serve.graph import CallNode
-from parrot.serve.prefix import (
+from parrot.serve.policy.prefix import (
     PointKind,
     PrefixPoint,
     block_boundaries,
@@ -36,9 +34,11 @@ from parrot.serve.prefix import (
     piece_boundaries,
     prefix_points,
 )
-from parrot.serve.prefix_cache import EntryState, MemoryView, PrefixCache, PrefixEntry, plan_evictions
-from parrot.serve.render import pieces_token_ids
-from parrot.serve.variable import Variable
+from parrot.serve.runtime.engines import EngineHandle
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.prefix_cache import EntryState, MemoryView, PrefixCache, PrefixEntry, plan_evictions
+from parrot.serve.runtime.render import pieces_token_ids
+from parrot.serve.runtime.variable import Variable
 from parrot.text import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from parrot.backends.openai_dialect import StopRule, choice_events, completion_body, eos_token_ids, upstream_error
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
@@ -59,9 +60,8 @@ from parrot.protocol.engine_api import (
     TokenEvent,
     check_context_ids,
 )
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
-from parrot.serve.engine_client import EngineUnavailable
-from parrot.serve.openai_upstream import StopRule, choice_events, completion_body, eos_token_ids, upstream_error
 from parrot.text import Tokenizer
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)

@@ -13,16 +13,16 @@ import dataclasses
 import time
 from collections.abc import Iterable
 
-from parrot.serve.analysis import failed_input, inputs_ready, num_ready_pieces
-from parrot.serve.call_runner import CallRunner
 from parrot.serve.config import ManagerConfig
-from parrot.serve.contexts import prompt_points
-from parrot.serve.engines import EnginePool
-from parrot.serve.graph import CallNode
-from parrot.serve.prefix import PrefixPoint
-from parrot.serve.prefix_cache import PrefixCache
-from parrot.serve.scheduler import CallKey, CallView, EngineView, Snapshot
-from parrot.serve.session import Session
+from parrot.serve.policy.plan import CallKey, CallView, EngineView, Snapshot
+from parrot.serve.policy.prefix import PrefixPoint
+from parrot.serve.runtime.analysis import failed_input, inputs_ready, num_ready_pieces
+from parrot.serve.runtime.call_runner import CallRunner
+from parrot.serve.runtime.contexts import prompt_points
+from parrot.serve.runtime.engines import EnginePool
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.prefix_cache import PrefixCache
+from parrot.serve.runtime.session import Session
 
 
 class CallViews:

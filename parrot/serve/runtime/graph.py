@@ -20,7 +20,7 @@ from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import CallSpec, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate
-from parrot.serve.variable import Variable
+from parrot.serve.runtime.variable import Variable
 
 
 class CallState(StrEnum):

@@ -24,19 +24,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
-from parrot.serve.call_runner import CallRunner
 from parrot.serve.config import ManagerConfig
-from parrot.serve.contexts import PrefixContexts
-from parrot.serve.engine_client import EngineUnavailable
-from parrot.serve.engines import EngineHandle, EnginePool
-from parrot.serve.graph import CallNode, CallState
-from parrot.serve.objectives import apply_deductions
-from parrot.serve.scheduler import CallKey, CallView, Plan, Snapshot, make_policy
-from parrot.serve.session import Session
-from parrot.serve.variable import Variable
-from parrot.serve.views import CallViews
+from parrot.serve.policy.plan import CallKey, CallView, Plan, Snapshot
+from parrot.serve.policy.registry import make_policy
+from parrot.serve.runtime.call_runner import CallRunner
+from parrot.serve.runtime.contexts import PrefixContexts
+from parrot.serve.runtime.deduction import apply_deductions
+from parrot.serve.runtime.engines import EngineHandle, EnginePool
+from parrot.serve.runtime.graph import CallNode, CallState
+from parrot.serve.runtime.session import Session
+from parrot.serve.runtime.variable import Variable
+from parrot.serve.runtime.views import CallViews
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
-from parrot.serve.graph import CallNode
-from parrot.serve.variable import Variable
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.variable import Variable
 from parrot.text import Tokenizer
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from parrot.serve.prefix import PrefixPoint
+from parrot.serve.policy.prefix import PrefixPoint
 
 CallKey = tuple[str, str]
 

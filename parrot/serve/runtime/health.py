@@ -20,11 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
-from parrot.serve.capacity import calibrate_latency_cap
 from parrot.serve.config import ManagerConfig
-from parrot.serve.engine_client import EngineUnavailable
-from parrot.serve.engines import EngineHandle, EnginePool
+from parrot.serve.policy.capacity import calibrate_latency_cap
+from parrot.serve.runtime.engines import EngineHandle, EnginePool
 
 log = logging.getLogger(__name__)
 

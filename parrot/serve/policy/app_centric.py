@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from parrot.protocol.objective import Objective
-from parrot.serve.capacity import call_capacity
-from parrot.serve.scheduler import CallKey, CallView, Dispatch, EarlyFill, EngineView, FailCall, Plan, Snapshot
+from parrot.serve.policy.capacity import call_capacity
+from parrot.serve.policy.plan import CallKey, CallView, Dispatch, EarlyFill, EngineView, FailCall, Plan, Snapshot
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from parrot.protocol.template import Placeholder, PlaceholderKind, TextPiece
-from parrot.serve.graph import CallNode
-from parrot.serve.variable import Variable
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.variable import Variable
 
 
 def num_ready_pieces(call: CallNode, variables: Mapping[str, Variable]) -> int:

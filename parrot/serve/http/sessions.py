@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import StreamingResponse
 
 from parrot.protocol.errors import ParrotError
@@ -32,30 +32,13 @@ from parrot.protocol.public_api import (
     VariableSpec,
     VariableValue,
 )
-from parrot.serve.http_edge import BearerToken
-from parrot.serve.manager import Manager
-from parrot.serve.session import Session
+from parrot.serve.http.deps import ManagerDep, SessionDep
+from parrot.web.edge import BearerToken
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 410, 413)
 }
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=_ERRORS)
-
-
-def get_manager(request: Request) -> Manager:
-    manager = request.app.state.manager
-    assert isinstance(manager, Manager)
-    return manager
-
-
-ManagerDep = Annotated[Manager, Depends(get_manager)]
-
-
-def get_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
-    return manager.session(session_id, token)
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
 
 
 @router.post("", status_code=201, response_model=SessionCreated)

@@ -1,8 +1,8 @@
 """Performance-objective deduction: from the criteria of `get`s backwards through a session's DAG.
 
 A pure function of the DAG and the criteria its gets asked for; the executor re-runs it for a
-session whenever new calls or new gets arrive, and stores the result on each CallNode (session
-status shows it; the scheduler and the engine requests read it).
+session whenever new calls or new gets arrive (parrot/serve/runtime/deduction.py applies it to the
+session's graph; session status shows it; the scheduler and the engine requests read it).
 
 Rules (calls visited in reverse topological order, so every consumer is decided before its
 producers):
@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from parrot.protocol.objective import Criteria, Objective
-from parrot.serve.graph import SessionGraph
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +85,7 @@ def deduce(
         elif groups:
             objective = Objective.THROUGHPUT
         elif u is not None:
-            objective = u
+            objective = Objective.of(u)
         else:
             objective = default
         group = min(groups, key=lambda c: _rank(urgency[c])) if groups else None
@@ -112,24 +111,3 @@ def _topological(calls: Sequence[DagCall], producers: Mapping[str, list[str]]) -
                 ready.append(consumer)
     assert len(order) == len(calls), "the session graph is acyclic"
     return order
-
-
-def apply_deductions(graph: SessionGraph, default: Objective, deduction: bool = True) -> list[str]:
-    """Deduce the session's objectives (or, with `deduction` off, give every call `default`) and
-    store them on its CallNodes; returns the ids of the calls whose deduction changed."""
-    deduced = deduce_session(graph, default) if deduction else {}
-    changed = []
-    for call in graph.calls.values():
-        d = deduced.get(call.call_id)
-        new = (d.objective, d.urgency, d.task_group, d.priority) if d else (default, None, None, 0)
-        if new != (call.objective, call.urgency, call.task_group, call.priority):
-            call.objective, call.urgency, call.task_group, call.priority = new
-            changed.append(call.call_id)
-    return changed
-
-
-def deduce_session(graph: SessionGraph, default: Objective = Objective.LATENCY) -> dict[str, Deduction]:
-    """`deduce` over a session's graph (variables carry the criteria their gets asked for)."""
-    calls = [DagCall(c.call_id, tuple(c.input_var_ids), tuple(c.outputs.values())) for c in graph.calls.values()]
-    criteria = {v.var_id: v.criteria for v in graph.variables.values() if v.criteria is not None}
-    return deduce(calls, criteria, default)

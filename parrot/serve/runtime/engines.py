@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parrot.protocol.engine_api import EngineStats
+from parrot.protocol.engine_client import EngineClient, engine_model_folder
 from parrot.protocol.errors import ParrotError
-from parrot.serve.engine_client import EngineClient, engine_model_folder
 from parrot.text import Tokenizer
 
 

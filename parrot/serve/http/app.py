@@ -12,17 +12,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import parrot
-from parrot.serve.http_edge import BodyLimitMiddleware, install_error_handlers
+from parrot.protocol.engine_client import EngineConnector
+from parrot.serve.http.engines import router as engines_router
+from parrot.serve.http.openai_routes import router as openai_router
+from parrot.serve.http.sessions import router as sessions_router
 from parrot.serve.manager import Manager
-from parrot.serve.routes_engines import router as engines_router
-from parrot.serve.routes_openai import router as openai_router
-from parrot.serve.routes_sessions import router as sessions_router
+from parrot.web.edge import BodyLimitMiddleware, install_error_handlers
 
 
-def create_app(manager: Manager, *, manage_lifespan: bool = True) -> FastAPI:
+def create_app(
+    manager: Manager, *, connect_engine: EngineConnector | None = None, manage_lifespan: bool = True
+) -> FastAPI:
     """The app over `manager`. With `manage_lifespan` (default) the app's startup runs
     `await manager.start()` and its shutdown `await manager.stop()`; pass False when the caller
-    starts and stops the manager itself."""
+    starts and stops the manager itself. `connect_engine` builds clients for engines registered
+    while serving (`POST /v1/engines`); without one that route answers 501."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -41,6 +45,7 @@ def create_app(manager: Manager, *, manage_lifespan: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.manager = manager
+    app.state.connect_engine = connect_engine
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
     app.include_router(sessions_router)

@@ -1,17 +1,10 @@
-"""How the manager talks to an engine: the engine API as a Protocol, and its HTTP client.
-
-`EngineClient` is structural: the builtin engine's in-process `AsyncEngine` satisfies it as is (the
-embedded mode), and `HttpEngineClient` speaks the same four calls to an engine server by URL.
-Errors arrive as ParrotError with the engine's status and field; an engine that does not answer
-raises EngineUnavailable.
-"""
+"""The engine API over HTTP: the client of a Parrot engine server (`parrot engine`, parrot/engine/server)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import httpx
 
@@ -23,32 +16,8 @@ from parrot.protocol.engine_api import (
     GenerateRequest,
     TokenEvent,
 )
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
-
-
-class EngineUnavailable(ParrotError):
-    """The engine did not answer (connection refused or dropped, timeout): the engine may be dead,
-    not the request wrong. The executor re-dispatches the call elsewhere."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, status=503, field=None)
-
-
-@runtime_checkable
-class EngineClient(Protocol):
-    async def fill(self, req: FillRequest) -> FillResult:
-        """Extend (or fork and extend) a context; returns its length. Waits for earlier work on it."""
-        ...
-
-    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        """Decode into a context; the last event has finish_reason. Closing the iterator early aborts."""
-        ...
-
-    async def free_context(self, req: FreeContextRequest) -> None:
-        """Release a context; 409 while work on it is pending."""
-        ...
-
-    async def stats(self) -> EngineStats: ...
 
 
 class HttpEngineClient:
@@ -114,13 +83,3 @@ def _error(resp: httpx.Response) -> ParrotError:
     except json.JSONDecodeError:
         body = {"detail": resp.text or resp.reason_phrase}
     return ParrotError.from_dict(body, resp.status_code)
-
-
-async def engine_model_folder(client: EngineClient) -> Path | None:
-    """Where the engine's tokenizer lives, if the client can say: its `model_folder` (in-process
-    engine, a configured adapter), else the `model_folder` of its `info()` (HTTP engine, adapter)."""
-    folder = getattr(client, "model_folder", None)
-    info = getattr(client, "info", None)
-    if folder is None and info is not None:
-        folder = (await info()).get("model_folder")
-    return None if folder is None else Path(folder)

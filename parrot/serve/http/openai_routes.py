@@ -47,11 +47,11 @@ from parrot.protocol.openai_api import (
 from parrot.protocol.public_api import CallSpec, ErrorResponse
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
-from parrot.serve.graph import CallNode
-from parrot.serve.http_edge import BearerToken, error_body
+from parrot.serve.http.deps import ManagerDep
 from parrot.serve.manager import Manager
-from parrot.serve.routes_sessions import ManagerDep
-from parrot.serve.session import Session
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.session import Session
+from parrot.web.edge import BearerToken, error_body
 
 _ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413)}
 router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)

@@ -1,4 +1,4 @@
-"""Scheduling: a pure function from a snapshot of waiting calls and engine loads to a plan.
+"""Scheduling's vocabulary: the snapshot a policy reads and the plan it returns.
 
 The executor builds the `Snapshot`, asks the configured policy for a `Plan`, and applies it; the
 policy never touches a session or an engine, so it is tested on hand-built snapshots.
@@ -9,17 +9,17 @@ A plan says, for calls that are not yet dispatched:
 - `EarlyFill`: inputs are missing, but the first `num_pieces` pieces are known; fill them now so the
   prompt is mostly prefilled when the producer finishes (pipelining).
 
-Policies are strategies in `POLICIES`: `fifo` (submission order, least-loaded engine) and
-`app_centric` (app_centric.py: objectives, task groups, prefix affinity, calibrated capacity).
+Policies are strategies (`Policy`), by name in registry.py: `fifo` (fifo.py: submission order,
+least-loaded engine) and `app_centric` (app_centric.py: objectives, task groups, prefix affinity,
+calibrated capacity).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 
 CallKey = tuple[str, str]  # (session_id, call_id)
@@ -99,57 +99,3 @@ class Policy(Protocol):
     def plan(self, snapshot: Snapshot) -> Plan:
         """Decide for the snapshot's calls; pure: same snapshot, same plan."""
         ...
-
-
-class FifoPolicy:
-    """Calls in submission order (so producers before consumers, and no starvation); each ready
-    call goes to the least-loaded engine of its model, or to the engine already holding its
-    context; early fills go where the fewest early-filled calls wait."""
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        running = {e.engine_id: e.num_running_calls for e in snapshot.engines}
-        early = {e.engine_id: e.num_early_filled_calls for e in snapshot.engines}
-        engines = {e.engine_id: e for e in snapshot.engines}
-        fail: list[FailCall] = []
-        early_fill: list[EarlyFill] = []
-        dispatch: list[Dispatch] = []
-        blocked: list[CallKey] = []
-        for call in sorted(snapshot.calls, key=lambda c: c.order):
-            if call.failed_var_id is not None:
-                fail.append(FailCall(call.key, call.failed_var_id))
-            elif call.inputs_ready:
-                engine_id = call.engine_id or _least(engines, running, call.model)
-                if engine_id is None or running[engine_id] >= engines[engine_id].max_running_calls:
-                    blocked.append(call.key)
-                    continue
-                running[engine_id] += 1
-                dispatch.append(Dispatch(call.key, engine_id))
-            elif snapshot.early_fill and call.num_ready_pieces > call.num_filled_pieces:
-                engine_id = call.engine_id
-                if engine_id is None:
-                    engine_id = _least(engines, early, call.model)
-                    if engine_id is None or early[engine_id] >= engines[engine_id].max_early_filled_calls:
-                        continue
-                    early[engine_id] += 1
-                early_fill.append(EarlyFill(call.key, engine_id, call.num_ready_pieces))
-        return Plan(tuple(fail), tuple(early_fill), tuple(dispatch), tuple(blocked))
-
-
-def _least(engines: dict[str, EngineView], load: dict[str, int], model: str) -> str | None:
-    candidates = [e for e in engines if engines[e].model == model and engines[e].alive]
-    return min(candidates, key=lambda e: (load[e], e), default=None)
-
-
-def _app_centric() -> Policy:
-    from parrot.serve.app_centric import AppCentricPolicy  # it builds on this module's types
-
-    return AppCentricPolicy()
-
-
-POLICIES: dict[str, Callable[[], Policy]] = {"fifo": FifoPolicy, "app_centric": _app_centric}
-
-
-def make_policy(name: str) -> Policy:
-    if name not in POLICIES:
-        raise ParrotError(f"unknown scheduling policy {name!r}; known: {sorted(POLICIES)}", field="policy")
-    return POLICIES[name]()

@@ -26,13 +26,13 @@ import logging
 from collections.abc import Callable, Mapping
 
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
-from parrot.serve.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
-from parrot.serve.engine_client import EngineUnavailable
-from parrot.serve.engines import EngineHandle
-from parrot.serve.graph import CallNode
-from parrot.serve.render import check_prompt_len, pieces_token_ids, stages
-from parrot.serve.variable import Variable
+from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
+from parrot.serve.runtime.engines import EngineHandle
+from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.render import check_prompt_len, pieces_token_ids, stages
+from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
 

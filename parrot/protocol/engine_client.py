@@ -1,0 +1,71 @@
+"""The engine contract as the manager sees it: the client protocol every engine backend implements.
+
+`EngineClient` is structural: the builtin engine's in-process `AsyncEngine` satisfies it as is (the
+embedded mode); `parrot.backends` holds the others (the engine API over HTTP, the OpenAI-compatible
+adapter). Errors arrive as ParrotError with the engine's status and field; an engine that does not
+answer raises EngineUnavailable. The launcher hands clients to the manager; the manager never
+builds one itself (engine registration goes through an `EngineConnector` the launcher gives it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import RegisterEngineRequest
+
+
+class EngineUnavailable(ParrotError):
+    """The engine did not answer (connection refused or dropped, timeout): the engine may be dead,
+    not the request wrong. The executor re-dispatches the call elsewhere."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503, field=None)
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    async def fill(self, req: FillRequest) -> FillResult:
+        """Extend (or fork and extend) a context; returns its length. Waits for earlier work on it."""
+        ...
+
+    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Decode into a context; the last event has finish_reason. Closing the iterator early aborts."""
+        ...
+
+    async def free_context(self, req: FreeContextRequest) -> None:
+        """Release a context; 409 while work on it is pending."""
+        ...
+
+    async def stats(self) -> EngineStats: ...
+
+
+class EngineConnector(Protocol):
+    """Builds the client for an engine an operator registers while serving (`POST /v1/engines`).
+
+    The launcher gives the manager's app one (parrot.backends.connect.connect_engine); the manager
+    never imports a backend. `has_tokenizer`: the manager has a tokenizer folder of its own to fall
+    back on. Raises ParrotError naming the request field at fault; the caller closes the client
+    (`aclose`, where it has one) if it then fails to add the engine."""
+
+    async def __call__(self, req: RegisterEngineRequest, *, has_tokenizer: bool) -> EngineClient: ...
+
+
+async def engine_model_folder(client: EngineClient) -> Path | None:
+    """Where the engine's tokenizer lives, if the client can say: its `model_folder` (in-process
+    engine, a configured adapter), else the `model_folder` of its `info()` (HTTP engine, adapter)."""
+    folder = getattr(client, "model_folder", None)
+    info = getattr(client, "info", None)
+    if folder is None and info is not None:
+        folder = (await info()).get("model_folder")
+    return None if folder is None else Path(folder)

@@ -1,0 +1,66 @@
+"""Operator routes: list the engines and register new ones while serving.
+
+`POST /v1/engines {"url": ...}` connects to an engine server by URL (its model, context length and
+tokenizer are read from it); from then on the manager sends it heartbeats and calls.
+`{"url": ..., "kind": "openai", "model": ..., "tokenizer": ...}` attaches any OpenAI-compatible
+completion server (vLLM) through the adapter (parrot/backends/openai_engine.py); `tokenizer` is a
+folder on the manager's machine. The clients come from the `EngineConnector` the launcher gave
+`create_app` (parrot/backends/connect.py): the manager imports no backend. `GET /v1/engines`
+shows each engine's liveness, load, calibrated latency cap and cached prefixes. Both need an accepted API key.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from parrot.protocol.engine_client import EngineConnector
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import EngineInfo, EngineList, ErrorResponse, RegisterEngineRequest
+from parrot.serve.http.deps import ManagerDep
+from parrot.serve.manager import Manager
+from parrot.serve.runtime.engines import EngineHandle
+from parrot.web.edge import BearerToken
+
+_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 409)}
+router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=_ERRORS)
+
+
+@router.get("", response_model=EngineList)
+async def list_engines(api_key: BearerToken, manager: ManagerDep) -> EngineList:
+    manager.sessions.tenant_of(api_key)
+    return EngineList(engines=[_info(manager, h) for h in manager.pool.handles.values()])
+
+
+@router.post("", status_code=201, response_model=EngineInfo)
+async def register_engine(
+    req: RegisterEngineRequest, api_key: BearerToken, manager: ManagerDep, request: Request
+) -> EngineInfo:
+    """Connect to an engine server and start scheduling calls onto it."""
+    manager.sessions.tenant_of(api_key)
+    connect: EngineConnector | None = request.app.state.connect_engine
+    if connect is None:
+        raise ParrotError("this manager was started without engine registration", status=501, field="url")
+    client = await connect(req, has_tokenizer=manager.pool.tokenizer_folder is not None)
+    try:
+        handle = await manager.add_engine(client, req.max_running_calls, url=req.url)
+    except BaseException:
+        aclose = getattr(client, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        raise
+    return _info(manager, handle)
+
+
+def _info(manager: Manager, h: EngineHandle) -> EngineInfo:
+    return EngineInfo(
+        engine_id=h.engine_id,
+        url=h.url,
+        model=h.model,
+        alive=h.alive,
+        num_running_calls=h.num_running_calls,
+        num_latency_calls=h.num_latency_calls,
+        latency_cap=h.latency_cap,
+        num_cached_prefixes=len(manager.prefix_cache.entries(h.engine_id)),
+        num_blocks_free=h.stats.num_blocks_free,
+        num_blocks_total=h.stats.num_blocks_total,
+    )
