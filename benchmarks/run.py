@@ -30,22 +30,18 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus, Scenario, Target
-from benchmarks.baselines import Networked, OpenAIClient, RequestClient, SessionClient
-from benchmarks.configs import LATENCY_CAP_TOKENS, Config, Plan, plan_configs, step_ms_at
+from benchmarks.baselines import Networked, RequestClient
+from benchmarks.configs import LATENCY_CAP_TOKENS, Config, plan_configs, step_ms_at
 from benchmarks.deploy import (
     KvMonitor,
-    LocalServer,
     ManagerServer,
-    ServerSpec,
-    UpstreamServer,
-    UpstreamSpec,
     accepts_ignore_eos,
     cached_prompt_tokens,
     warm_up,
@@ -53,6 +49,14 @@ from benchmarks.deploy import (
 from benchmarks.netsim import RttModel
 from benchmarks.report import derive, write_report
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
+from benchmarks.servers import (
+    openai_factory,
+    parrot_over,
+    running,
+    running_upstream,
+    server_spec,
+    session_factory,
+)
 from parrot.launch import OpenAIUpstream
 from parrot.text import Tokenizer
 
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         servers: dict[str, ManagerServer] = {"lat": lat}
         model = lat.model
         openai_routes = accepts_ignore_eos(servers["lat"].url, model)
-        make_client = _openai_factory if openai_routes else _session_factory
+        make_client = openai_factory if openai_routes else session_factory
         tpot_ms, profile = latency_target(lat, make_client(lat.url, model))
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode], tpot_ms)
         configs = [c for c in plan.configs if not (args.no_ablations and c.ablation)]
@@ -367,42 +371,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['scenario']} on {r['config']}: {r['error']}", file=sys.stderr)
         return 1
     return 0
-
-
-def server_spec(plan: Plan, name: str) -> ServerSpec:
-    return next(s for s in plan.specs if s.name == name)
-
-
-def parrot_over(upstream: OpenAIUpstream, parrot: ServerSpec) -> UpstreamSpec:
-    """Parrot+vLLM: the Parrot configuration's manager settings over `upstream` (one engine)."""
-    return UpstreamSpec("parrot_vllm", upstream, parrot.manager)
-
-
-def running(spec: ServerSpec) -> contextlib.AbstractContextManager[LocalServer]:
-    print(f"starting {spec.name} ...", flush=True)
-    return _serving(LocalServer(spec))
-
-
-def running_upstream(spec: UpstreamSpec) -> contextlib.AbstractContextManager[UpstreamServer]:
-    print(f"starting {spec.name} (a manager over {spec.upstream.url}) ...", flush=True)
-    return _serving(UpstreamServer(spec))
-
-
-@contextlib.contextmanager
-def _serving(server: S) -> Iterator[S]:
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def openai_factory(url: str, model: str) -> Callable[[], RequestClient]:
-    return lambda: OpenAIClient(url, model)
-
-
-def _session_factory(url: str, model: str) -> Callable[[], RequestClient]:
-    return lambda: SessionClient(url)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from benchmarks.configs import plan_configs
 from benchmarks.deploy import LocalServer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
+from benchmarks.servers import openai_factory, running, server_spec
 from parrot.engine.engine import StepRecord
 from parrot.text import Tokenizer
 
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"])
-        lat = stack.enter_context(bench.running(bench.server_spec(plan, "lat")))
-        tpot, _ = bench.latency_target(lat, bench.openai_factory(lat.url, lat.model))
+        lat = stack.enter_context(running(server_spec(plan, "lat")))
+        tpot, _ = bench.latency_target(lat, openai_factory(lat.url, lat.model))
         plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"], tpot)
         configs = [c for c in plan.configs if c.key in args.configs]
         missing = set(args.configs) - {c.key for c in configs}
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         servers: dict[str, Any] = {"lat": lat}
         for c in configs:
             if c.server not in servers:
-                servers[c.server] = stack.enter_context(bench.running(bench.server_spec(plan, c.server)))
-        clients = {n: bench.openai_factory(s.url, s.model) for n, s in servers.items()}
+                servers[c.server] = stack.enter_context(running(server_spec(plan, c.server)))
+        clients = {n: openai_factory(s.url, s.model) for n, s in servers.items()}
         corpus = Corpus(Tokenizer(lat.engine.model_folder))
         rtt = RttModel.from_workloads(paper, 1.0)
         ctx = bench.Context(scale, corpus, rtt, servers, clients, dict.fromkeys(servers, "openai"), 300.0)

@@ -17,8 +17,9 @@ from benchmarks.data import Document
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table
-from benchmarks.run import Context, parrot_over, run_unit
+from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
+from benchmarks.servers import parrot_over
 from parrot.engine.config import EngineConfig
 from parrot.launch import OpenAIUpstream
 from parrot.serve import ManagerConfig
