@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from parrot.engine.model.rope import apply_rope
+from parrot.engine.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ def cpu_supports_bf16_dot() -> bool:
 
 
 def _build() -> ctypes.CDLL | None:
-    from parrot.engine.model.loader import cache_dir  # late: the loader imports the model
-
     cc = os.environ.get("CC") or shutil.which("gcc")
     if cc is None or not cpu_supports_bf16_dot():
         return None
