@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +37,8 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.sampling import SamplingParams
 
 HQ, HKV, D = 9, 3, 64  # the default model's attention shape
-needs_native = pytest.mark.skipif(not kernels.available(), reason="needs gcc and an AVX512-BF16 CPU")
+NATIVE = kernels.available()  # what a backend built with native=True decodes on, for bf16 caches
+needs_native = pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX512-BF16 CPU")
 TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 4e-3, "rtol": 1.6e-2}}
 
 # A batch spec: members are an int (a decode row: a context of that many own tokens, its newest
@@ -87,7 +87,7 @@ def random_cache(num_blocks: int, block_size: int, dtype: torch.dtype, seed: int
 
 
 def check_decode(
-    spec: Spec, block_size: int, dtype: torch.dtype, seed: int, grouping: GroupingConfig
+    spec: Spec, block_size: int, dtype: torch.dtype, seed: int, grouping: GroupingConfig, native: bool = NATIVE
 ) -> SharedPrefixAttention:
     rng = random.Random(seed)
     seqs, num_blocks = build_batch(spec, block_size, rng if seed % 2 else None)
@@ -95,9 +95,9 @@ def check_decode(
         rng.shuffle(seqs)  # the scheduler's row order interleaves the groups
     cache = random_cache(num_blocks, block_size, dtype, seed)
     q = torch.randn(len(seqs), HQ, D, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
-    ref = PagedAttention(cache, HQ, HKV, D)
+    ref = PagedAttention(cache, HQ, HKV, D, native)
     ref.prepare_decode(seqs)
-    shared = SharedPrefixAttention(cache, HQ, HKV, D, grouping)
+    shared = SharedPrefixAttention(cache, HQ, HKV, D, native, grouping)
     shared.prepare_decode(seqs)
     torch.testing.assert_close(shared.decode(0, q), ref.decode(0, q), **TOL[dtype])
     return shared
@@ -128,25 +128,13 @@ def small_specs(seed: int) -> dict[str, Spec]:
     }
 
 
-@pytest.fixture
-def torch_kernels() -> Iterator[None]:
-    """The torch ops in this thread (the torch cascade, not the native one)."""
-    previous = kernels.enabled()
-    kernels.set_enabled(False)
-    try:
-        yield
-    finally:
-        kernels.set_enabled(previous)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_shared_equals_per_context(
-    case: str, block_size: int, dtype: torch.dtype, seed: int, torch_kernels: None
-) -> None:
-    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig())
+def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtype, seed: int) -> None:
+    """The torch cascade (backends built without native decode)."""
+    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig(), native=False)
     assert shared.plan is not None and shared.plan.segments and shared.cascade is not None
     assert shared.pieces is None
     if case == "nested_several_groups":  # system prompt, its 2 documents, the other group
@@ -164,7 +152,7 @@ def test_shared_equals_per_context(
 @pytest.mark.parametrize("seed", [0, 1])
 def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int) -> None:
     """The native cascade against the per-context path (itself native), nested groups included."""
-    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig())
+    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig(), native=True)
     assert shared.plan is not None and shared.pieces is not None and shared.cascade is None
     pieces = shared.pieces
     # Every row reads its tail plus each segment it is in, split in runs of <= 256 tokens.
@@ -336,7 +324,7 @@ def test_forward_with_prefill_rows_matches_reference() -> None:
         torch.randn(n, HKV, D, generator=gen),
     )
     outs = []
-    for backend in (PagedAttention(cache, HQ, HKV, D), SharedPrefixAttention(cache, HQ, HKV, D)):
+    for backend in (PagedAttention(cache, HQ, HKV, D, NATIVE), SharedPrefixAttention(cache, HQ, HKV, D, NATIVE)):
         backend.prepare(steps, torch.tensor(slots))
         outs.append(backend.forward(0, q, k, v))
     assert isinstance(backend, SharedPrefixAttention) and backend.plan is not None
@@ -449,7 +437,8 @@ def test_registered_by_name_and_device() -> None:
     assert type(backend) is SharedPrefixAttention  # CPU cache: the PyTorch path, not the Triton one
 
 
-def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
+@pytest.mark.parametrize("built_native", [True, False])
+def test_small_groups_decode_per_context_when_the_native_kernel_is_on(built_native: bool) -> None:
     """With the native kernels, the (native) cascade needs 4+ rows sharing 512+ tokens; the torch
     path keeps the lower thresholds; an explicit grouping is always kept."""
     from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
@@ -457,11 +446,11 @@ def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
     def backend_for(dtype: torch.dtype, rows: int, shared_blocks: int, grouping: GroupingConfig | None = None):  # type: ignore[no-untyped-def]
         cache = KVCache(1, shared_blocks + rows + 1, 16, 3, 64, dtype)
         seqs = [SeqSpec(1, shared_blocks * 16 + 8, [*range(shared_blocks), shared_blocks + r]) for r in range(rows)]
-        backend = SharedPrefixAttention(cache, 9, 3, 64, grouping)
+        backend = SharedPrefixAttention(cache, 9, 3, 64, built_native, grouping)
         backend.prepare_decode(seqs)
         return backend
 
-    native = kernels.enabled()
+    native = built_native and NATIVE
     small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
     assert (small.plan is None) == native
     assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay

@@ -88,7 +88,7 @@ def load_model(folder: Path, dtype: torch.dtype = torch.bfloat16) -> LlamaModel:
     model = model.to_empty(device="cpu").to(dtype)
     # Buffers (RoPE tables) were on meta: rebuild them in float32.
     cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-    model.cos, model.sin = cos, sin
+    model.rotary.cos, model.rotary.sin = cos, sin
     model.load_hf_state_dict(load_state_dict(folder))
     return model.eval()
 
