@@ -115,3 +115,33 @@ def test_engines_with_and_without_kernels_side_by_side(
     finally:
         for engine in (torch_engine, native_engine):
             engine.stop()
+
+
+def test_build_says_why_the_library_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from parrot.engine.kernels import library
+
+    monkeypatch.setattr(library, "_x86_linux", lambda: True)
+    monkeypatch.setattr(library, "_cpu_flags", lambda: {"avx512bw"})
+    assert library._build() == (None, "the CPU lacks avx512_bf16, avx512vl")
+    monkeypatch.setattr(library, "_cpu_flags", lambda: {"avx512_bf16", "avx512bw", "avx512vl"})
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(library.shutil, "which", lambda _: None)
+    assert library._build() == (None, "no C compiler (gcc is not on PATH and $CC is unset)")
+
+
+def test_an_unavailable_library_is_logged_and_reported(
+    tiny_model_folder: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from parrot.engine.kernels import library
+
+    # As if this process had tried to build the library and failed.
+    monkeypatch.setattr(library, "_tried", True)
+    monkeypatch.setattr(library, "_lib", None)
+    monkeypatch.setattr(library, "_reason", "no C compiler (gcc is not on PATH and $CC is unset)")
+    with caplog.at_level(logging.INFO, logger="parrot.engine.engine"):
+        engine = LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="bfloat16", num_blocks=8))
+    status = "unavailable: no C compiler (gcc is not on PATH and $CC is unset)"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"native CPU kernels {status}; running on torch ops"]
+    assert engine.stats().native_kernels == status
+    assert not engine.runner.backend.native_decode and not engine.runner.native_sampling
