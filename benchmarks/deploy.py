@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.launch import OpenAIUpstream
 from parrot.protocol.engine_api import EngineStats

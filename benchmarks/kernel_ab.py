@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from parrot.engine import blocking, kernels
+from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
 
@@ -42,7 +42,7 @@ class StepTimer:
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
         for c in cids:
-            blocking.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
+            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
         eng.stop()
         sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
         for c in cids:
@@ -64,9 +64,9 @@ class StepTimer:
     def prefill_ms(self, n: int) -> float:
         cid = f"p{next(self.ids)}"
         t0 = time.perf_counter()
-        blocking.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+        sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
         req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
-        blocking.wait_generate(blocking.submit_generate(self.engine, req))
+        sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
         elapsed = time.perf_counter() - t0
         self.engine.free_context(FreeContextRequest(context_id=cid))
         return elapsed * 1000

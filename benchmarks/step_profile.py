@@ -29,7 +29,7 @@ from benchmarks.configs import plan_configs
 from benchmarks.deploy import LocalServer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
-from parrot.engine.engine import StepRecord
+from parrot.engine.llm_engine import StepRecord
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/profile")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from parrot.engine import blocking, kernels
+from parrot.engine import kernels, sync_client
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
 from parrot.engine.kernels.transform import NATIVE_PIECES
 from parrot.engine.kv.cache import KVCache
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.model.loader import load_model, write_tiny_model
 from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
@@ -83,9 +83,9 @@ def test_float32_models_are_left_alone(tiny_model_folder: Path) -> None:
 
 
 def greedy(engine: LLMEngine, ids: list[int]) -> list[int]:
-    blocking.fill(engine, FillRequest(context_id="c", token_ids=ids))
+    sync_client.fill(engine, FillRequest(context_id="c", token_ids=ids))
     sampling = SamplingParams(max_tokens=8, ignore_eos=True)
-    tokens = blocking.token_ids(blocking.generate(engine, GenerateRequest(context_id="c", sampling=sampling)))
+    tokens = sync_client.token_ids(sync_client.generate(engine, GenerateRequest(context_id="c", sampling=sampling)))
     return tokens
 
 
@@ -95,7 +95,7 @@ def test_engines_with_and_without_kernels_side_by_side(
     """Each engine's setting holds for its own model, backend and sampler, whatever the other does."""
     ids = list(range(200, 240))
     config = EngineConfig(model=str(native_shaped_folder), dtype="bfloat16", num_blocks=32)
-    with caplog.at_level(logging.INFO, logger="parrot.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="parrot.engine.llm_engine"):
         torch_engine = LLMEngine(dataclasses.replace(config, cpu_kernels=False))
         native_engine = LLMEngine(config)
     messages = [r.getMessage() for r in caplog.records if "native CPU kernels" in r.getMessage()]
@@ -138,7 +138,7 @@ def test_an_unavailable_library_is_logged_and_reported(
     monkeypatch.setattr(library, "_tried", True)
     monkeypatch.setattr(library, "_lib", None)
     monkeypatch.setattr(library, "_reason", "no C compiler (gcc is not on PATH and $CC is unset)")
-    with caplog.at_level(logging.INFO, logger="parrot.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="parrot.engine.llm_engine"):
         engine = LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="bfloat16", num_blocks=8))
     status = "unavailable: no C compiler (gcc is not on PATH and $CC is unset)"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -28,10 +28,10 @@ from parrot.engine.attention.shared_prefix import (
 )
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.sampling import SamplingParams

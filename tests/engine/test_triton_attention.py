@@ -26,10 +26,10 @@ from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix import GroupingConfig, plan_shared_prefixes
 from parrot.engine.attention.shared_prefix_backend import TritonSharedPrefixAttention
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
 from parrot.protocol.sampling import SamplingParams
 

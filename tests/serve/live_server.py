@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.protocol.engine_api import (
     EngineStats,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from live_server import LiveServer, serve_app, start_tiny_engine
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.launch import OpenAIUpstream, start_embedded
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
 from parrot.protocol.errors import ParrotError

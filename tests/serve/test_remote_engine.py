@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.server.app import create_engine_app
 from parrot.engine.server.launch import ServerThread
 from parrot.protocol.engine_api import FreeContextRequest

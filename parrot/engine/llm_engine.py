@@ -1,4 +1,4 @@
-"""LLMEngine: the builtin engine's state and its compute loop thread.
+"""LLMEngine, the engine core: request validation, the builtin engine's state and its compute loop thread.
 
 Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
 forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
