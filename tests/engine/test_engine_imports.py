@@ -92,3 +92,35 @@ def test_model_code_imports_torch_only() -> None:
                 continue
             bad.append(f"{rel} imports {name}")
     assert bad == []
+
+
+ENTRY = ["parrot.engine.llm_engine", "parrot.engine.async_engine", "parrot.engine.sync_client", "parrot.engine.server"]
+# What each folder must not import (module-level or late), as its README says.
+FOLDER_FORBIDS = {
+    "model": ["parrot.engine.kernels", "parrot.engine.attention", "parrot.engine.kv", "parrot.engine.sched", *ENTRY],
+    "kernels": ["parrot.engine.attention", "parrot.engine.kv", "parrot.engine.sched", *ENTRY],
+    "attention": ["parrot.engine.model", "parrot.engine.sched", *ENTRY],
+    "kv": ["parrot.engine.model", "parrot.engine.kernels", "parrot.engine.attention", "parrot.engine.sched", *ENTRY],
+    "sched": ["parrot.engine.model", "parrot.engine.kernels", "parrot.engine.attention", *ENTRY],
+}
+
+
+def all_imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+def test_folders_import_what_their_readmes_allow() -> None:
+    bad = []
+    for folder, forbidden in FOLDER_FORBIDS.items():
+        assert (ENGINE / folder / "README.md").exists()
+        for path in sorted((ENGINE / folder).rglob("*.py")):
+            for name in all_imports(path):
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    bad.append(f"{path.relative_to(ENGINE)} imports {name}")
+    assert bad == []
