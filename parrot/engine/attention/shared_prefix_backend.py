@@ -124,7 +124,7 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
         native: bool = False,
         grouping: GroupingConfig | None = None,
     ) -> None:
-        """`native` is accepted for the registry's signature and ignored: the cache is on a GPU."""
+        """`native` is accepted for the registry's signature and ignored: the Triton kernels decode every row."""
         from parrot.engine.attention import triton_kernels
 
         reason = triton_kernels.unavailable_reason(cache.k.device)
