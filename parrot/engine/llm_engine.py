@@ -106,7 +106,9 @@ class LLMEngine:
         report = kernels.apply_native(self.model)
         self.native_kernels = report.status
         if not report.applied:
-            log.warning("native CPU kernels %s; running on torch ops", report.status)
+            # A float32 model is a choice (bit-exact runs); a machine without the kernels is news.
+            level = logging.INFO if self.config.dtype != "bfloat16" else logging.WARNING
+            log.log(level, "native CPU kernels %s; running on torch ops", report.status)
             return False
         note = f" ({report.note})" if report.note else ""
         log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)
