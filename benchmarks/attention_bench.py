@@ -10,10 +10,11 @@ noisy, so only the ratios are meant to travel):
   - decode step: `prepare` plus the whole model forward over the N decode rows and the logits.
 "per-context" is the engine's first per-context decode (advanced-indexing gathers into fresh
 buffers per layer, boolean mask); "tuned" is today's engine `PagedAttention`: the native
-per-context kernel when the native kernels are on (bf16 on an AVX512-BF16 CPU), else block gathers
-by `index_select` into buffers reused by every layer and an additive mask: the stronger baseline;
-"shared" is `SharedPrefixAttention` (the prefix once per step for the whole batch, then each
-suffix; the native cascade kernel when the native kernels are on, else torch ops). Each figure is
+per-context kernel where the native kernels run (bf16 on an AVX512-BF16 CPU; the model then gets
+the native transform too, as in the engine), else block gathers by `index_select` into buffers
+reused by every layer and an additive mask: the stronger baseline; "shared" is
+`SharedPrefixAttention` (the prefix once per step for the whole batch, then each suffix; the native
+cascade kernel where the native kernels run, else torch ops). Each figure is
 the fastest of `--rounds` rounds that alternate the paths (other work on a shared
 machine only ever adds time; the first round warms allocators and caches); within a round, short
 calls repeat for `--min-time` seconds.
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
 from parrot.engine.kv.cache import KVCache
@@ -132,6 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     dtype = DTYPES[args.dtype]
     model: LlamaModel = load_model(resolve_model_folder(DEFAULT_MODEL), dtype)
+    native = kernels.apply_native(model)  # as the default engine does (torch ops where unavailable)
     cfg = model.cfg
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     contexts, prefixes = ([8, 32], [1024, 4096]) if args.quick else ([8, 16, 32, 64], [1024, 4096, 8192])
@@ -146,10 +149,10 @@ def run(args: argparse.Namespace) -> dict:
     # Written, not left as calloc's zero pages: reads of untouched pages all hit one cached page.
     cache.k.normal_(generator=torch.Generator().manual_seed(1))
     cache.v.normal_(generator=torch.Generator().manual_seed(2))
-    shared_backend = SharedPrefixAttention(cache, hq, hkv, d)
+    shared_backend = SharedPrefixAttention(cache, hq, hkv, d, native.applied)
     backends: dict[str, PagedAttention] = {
-        "per_context": PerContextV1(cache, hq, hkv, d),
-        "tuned": PagedAttention(cache, hq, hkv, d),
+        "per_context": PerContextV1(cache, hq, hkv, d, native.applied),
+        "tuned": PagedAttention(cache, hq, hkv, d, native.applied),
         "shared": shared_backend,
     }
     bandwidth = copy_bandwidth()
@@ -208,6 +211,7 @@ def run(args: argparse.Namespace) -> dict:
         },
         "model": DEFAULT_MODEL,
         "dtype": args.dtype,
+        "native_kernels": native.status,
         "block_size": BLOCK_SIZE,
         "rounds": args.rounds,
         "weight_mb": weight_bytes / 1e6,

@@ -9,7 +9,6 @@ so the benchmark picks up optimizations as they land, and names the ones that ar
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 
 from benchmarks.deploy import ServerSpec
@@ -183,9 +182,7 @@ def step_ms_at(profile: dict[int, float], num_tokens: int) -> float | None:
 
 
 def _registered_backends() -> set[str]:
-    """Attention backends the engine knows (the registry has no public listing)."""
-    from parrot.engine.attention import registry
+    """Attention backends the engine knows."""
+    from parrot.engine.attention.registry import backend_names
 
-    with contextlib.suppress(ImportError):
-        import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers its backends)
-    return set(registry._BACKENDS)
+    return set(backend_names())

@@ -20,7 +20,7 @@ import httpx
 
 from parrot.backends.connect import connect_engine
 from parrot.backends.openai_engine import OpenAIEngineClient
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.launch import OpenAIUpstream
 from parrot.protocol.engine_api import EngineStats

@@ -1,10 +1,14 @@
-"""Native CPU kernels against torch ops, in the same engine and the same run (A/B, interleaved).
+"""Native CPU kernels against torch ops: two engines on the same model in the same run (A/B,
+interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
+and sampling), one without.
 
     python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048]
 
-dN: one decode step with N sequences (32-token prompts), driven in this thread so that only the
-step itself is timed; pN: a prompt of N tokens to its first token (fill + generate submitted
-together). Each case runs three times per setting, alternating, and reports the best of each.
+dN: one decode step with N sequences (32-token prompts), driven in this thread through
+`LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
+prompt of N tokens to its first token (fill + generate submitted together, the loop thread
+running). Each case runs three rounds; each round times both engines, in alternating order, and
+the best of each is reported. Only the engine being timed works; the other waits idle.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import time
 
 import torch
 
-from parrot.engine import blocking, kernels
+from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
 
@@ -38,29 +42,19 @@ class StepTimer:
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
         for c in cids:
-            blocking.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
+            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
         eng.stop()
         sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
         for c in cids:
             eng.submit_generate(GenerateRequest(context_id=c, sampling=sampling), lambda e: None)
-
-        def step() -> None:
-            plan = eng._next_plan()
-            assert plan is not None
-            seqs = eng.runner.row_order(plan)
-            tokens, logprobs = eng.runner.run(seqs)
-            eng._apply(plan, seqs, tokens, logprobs, 0.0)
-
         try:
-            eng._stopping = False
-            step()
-            step()  # warm: packs weights, sizes buffers
+            assert eng.step() and eng.step()  # warm: packs weights, sizes buffers
             t0 = time.perf_counter()
             for _ in range(steps - 2):
-                step()
+                assert eng.step()
             elapsed = (time.perf_counter() - t0) / (steps - 2)
-            while eng.scheduler.has_work():
-                step()
+            while eng.step():  # the generations' last tokens
+                pass
         finally:
             eng.start()
         for c in cids:
@@ -70,9 +64,9 @@ class StepTimer:
     def prefill_ms(self, n: int) -> float:
         cid = f"p{next(self.ids)}"
         t0 = time.perf_counter()
-        blocking.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+        sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
         req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
-        blocking.wait_generate(blocking.submit_generate(self.engine, req))
+        sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
         elapsed = time.perf_counter() - t0
         self.engine.free_context(FreeContextRequest(context_id=cid))
         return elapsed * 1000
@@ -84,31 +78,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     if not kernels.available():
-        raise SystemExit("native kernels unavailable here (needs gcc and an AVX512-BF16 CPU)")
+        raise SystemExit(f"native kernels {kernels.status()}")
     torch.set_num_threads(a.threads)
     folder = resolve_model_folder(DEFAULT_MODEL)
-    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096))
-    engine.start()
-    timer = StepTimer(engine)
-    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads: best of 3, native kernels vs torch ops")
+    config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
+    engines = {native: LLMEngine(dataclasses.replace(config, cpu_kernels=native)) for native in (True, False)}
+    assert engines[True].stats().native_kernels == kernels.status()
+    timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
+    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads: best of 3, native kernels ({kernels.status()}) vs torch ops")
+    for engine in engines.values():
+        engine.start()
     try:
         for case in a.cases:
             kind, n = case[0], int(case[1:])
             best = {True: float("inf"), False: float("inf")}
-            for _ in range(3):
-                for native in (True, False):
-                    # The switch is per thread: the loop thread (prefill) reads the config when it
-                    # starts, the decode steps run in this thread.
-                    engine.stop()
-                    engine.config = dataclasses.replace(engine.config, cpu_kernels=native)
-                    engine.start()
-                    kernels.set_enabled(native)
+            for round_idx in range(3):
+                for native in (True, False) if round_idx % 2 == 0 else (False, True):
+                    timer = timers[native]
                     ms = timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n)
                     best[native] = min(best[native], ms)
             label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
             print(f"{label}: kernels {best[True]:.1f} ms, torch {best[False]:.1f} ms, {best[False] / best[True]:.2f}x")
     finally:
-        engine.stop()
+        for engine in engines.values():
+            engine.stop()
 
 
 if __name__ == "__main__":

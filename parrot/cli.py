@@ -67,7 +67,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
 
 
 def cmd_engine(a: argparse.Namespace) -> None:
-    from parrot.engine.api import AsyncEngine
+    from parrot.engine.async_engine import AsyncEngine
     from parrot.engine.server.app import create_engine_app
     from parrot.web.server_thread import ServerThread
 
@@ -84,8 +84,8 @@ def cmd_engine(a: argparse.Namespace) -> None:
 
 
 def cmd_chat(a: argparse.Namespace) -> None:
-    from parrot.engine import blocking
-    from parrot.engine.engine import LLMEngine
+    from parrot.engine import sync_client
+    from parrot.engine.llm_engine import LLMEngine
     from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
 
     t0 = time.perf_counter()
@@ -96,8 +96,8 @@ def cmd_chat(a: argparse.Namespace) -> None:
         tok = engine.tokenizer
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": a.prompt}]))
         t1 = time.perf_counter()
-        blocking.fill(engine, FillRequest(context_id="chat", token_ids=ids))
-        h = blocking.submit_generate(
+        sync_client.fill(engine, FillRequest(context_id="chat", token_ids=ids))
+        h = sync_client.submit_generate(
             engine, GenerateRequest(context_id="chat", sampling=SamplingParams(max_tokens=a.max_tokens))
         )
         n, t_first = 0, None

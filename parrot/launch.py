@@ -14,7 +14,7 @@ from pathlib import Path
 from parrot.backends.connect import connect_engine
 from parrot.backends.http_engine import HttpEngineClient
 from parrot.backends.openai_engine import OpenAIEngineClient
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.model.loader import resolve_model_folder
 from parrot.protocol.engine_client import EngineClient

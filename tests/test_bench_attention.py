@@ -16,19 +16,14 @@ from parrot.engine.kv.cache import KVCache
 def test_first_per_context_path_matches_the_engine_path(native: bool) -> None:
     if native and not kernels.available():
         pytest.skip("needs gcc and an AVX512-BF16 CPU")
-    previous = kernels.enabled()
-    kernels.set_enabled(native)
-    try:
-        seqs, _ = build_batch(3, 40, [5, 17, 33])
-        num_blocks = max(max(s.block_table) for s in seqs) + 1
-        cache = KVCache(1, num_blocks, 16, 3, 64, torch.bfloat16)
-        cache.k.normal_()
-        cache.v.normal_()
-        q = torch.randn(3, 9, 64).bfloat16()
-        ref, engine = PerContextV1(cache, 9, 3, 64), PagedAttention(cache, 9, 3, 64)
-        ref.prepare_decode(seqs)
-        engine.prepare_decode(seqs)
-        assert engine.native_decode == native
-        torch.testing.assert_close(ref.decode(0, q), engine.decode(0, q), atol=4e-3, rtol=1.6e-2)
-    finally:
-        kernels.set_enabled(previous)
+    seqs, _ = build_batch(3, 40, [5, 17, 33])
+    num_blocks = max(max(s.block_table) for s in seqs) + 1
+    cache = KVCache(1, num_blocks, 16, 3, 64, torch.bfloat16)
+    cache.k.normal_()
+    cache.v.normal_()
+    q = torch.randn(3, 9, 64).bfloat16()
+    ref, engine = PerContextV1(cache, 9, 3, 64, native), PagedAttention(cache, 9, 3, 64, native)
+    ref.prepare_decode(seqs)
+    engine.prepare_decode(seqs)
+    assert engine.native_decode == native
+    torch.testing.assert_close(ref.decode(0, q), engine.decode(0, q), atol=4e-3, rtol=1.6e-2)

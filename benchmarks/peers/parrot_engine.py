@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from parrot.engine import blocking
+from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
 
 
@@ -40,10 +40,10 @@ class ParrotEngineProbe:
             for _ in range(repeats + 1):  # the first run warms up
                 cid = self._cid()
                 t0 = time.perf_counter()
-                blocking.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+                sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
                 sampling = SamplingParams(max_tokens=1)
-                blocking.wait_generate(
-                    blocking.submit_generate(self.engine, GenerateRequest(context_id=cid, sampling=sampling))
+                sync_client.wait_generate(
+                    sync_client.submit_generate(self.engine, GenerateRequest(context_id=cid, sampling=sampling))
                 )
                 best = min(best, time.perf_counter() - t0)
                 self.engine.free_context(FreeContextRequest(context_id=cid))
@@ -56,14 +56,14 @@ class ParrotEngineProbe:
         for b in batch_sizes:
             cids = [self._cid() for _ in range(b)]
             for cid in cids:
-                blocking.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(prompt_len)))
+                sync_client.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(prompt_len)))
             sampling = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
             t0 = time.perf_counter()
             handles = [
-                blocking.submit_generate(self.engine, GenerateRequest(context_id=c, sampling=sampling)) for c in cids
+                sync_client.submit_generate(self.engine, GenerateRequest(context_id=c, sampling=sampling)) for c in cids
             ]
             for h in handles:
-                blocking.wait_generate(h)
+                sync_client.wait_generate(h)
             out[b] = b * new_tokens / (time.perf_counter() - t0)
             for cid in cids:
                 self.engine.free_context(FreeContextRequest(context_id=cid))

@@ -24,7 +24,7 @@ class EngineConfig:
     policy: str = "priority"  # registered ordering policy (see sched/policy.py)
     aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
     attention: str = "shared_prefix"  # registered backend (attention/registry.py); "paged" = per-context
-    cpu_kernels: bool = True  # native bf16 kernels for small decode steps (parrot.engine.kernels)
+    cpu_kernels: bool = True  # native CPU kernels for bf16 models: applied once at load (kernels.apply_native)
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     name: str | None = None  # model name reported to clients; default: derived from `model`
 

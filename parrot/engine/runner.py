@@ -17,8 +17,16 @@ from parrot.engine.sched.job import ScheduledSeq, StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: KVCache, backend: PagedAttention, contexts: ContextTable) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: KVCache,
+        backend: PagedAttention,
+        contexts: ContextTable,
+        native_sampling: bool = False,
+    ) -> None:
         self.model = model
+        self.native_sampling = native_sampling  # the native argmax + logsumexp (kernels built)
         self.cache = cache
         self.backend = backend
         self.contexts = contexts
@@ -63,4 +71,4 @@ class ModelRunner:
         if not sample_rows:
             return [], []
         logits = self.model.logits(hidden[torch.tensor(sample_rows)], as_float=False)
-        return sample(logits, rows)
+        return sample(logits, rows, self.native_sampling)

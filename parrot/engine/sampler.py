@@ -32,10 +32,11 @@ def new_generator(params: SamplingParams) -> torch.Generator | None:
     return gen
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
+def sample(logits: torch.Tensor, rows: list[SampleRow], native: bool = False) -> tuple[list[int], list[float]]:
     """logits [B, V] (bf16 or float32) -> chosen token ids and their log-probabilities, computed
-    in float32 (bf16 logits convert exactly)."""
-    if logits.dtype == torch.bfloat16 and kernels.enabled():
+    in float32 (bf16 logits convert exactly). `native`: the caller's kernel library is built
+    (kernels.available()); bf16 logits then take one native argmax + logsumexp pass."""
+    if native and logits.dtype == torch.bfloat16:
         chosen, lse = kernels.argmax_logsumexp(logits)  # one native pass, no float copy
     else:
         logits = logits.float()

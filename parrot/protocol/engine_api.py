@@ -93,6 +93,11 @@ class EngineStats(_Msg):
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.
     step_ms_by_num_tokens: dict[int, float] = Field(default_factory=dict)
+    # The builtin engine's native CPU kernels: the instruction sets they run on ("avx512_bf16",
+    # "avx512_bf16+amx"), "off" (its config turned them off), or "unavailable: <reason>" (no C
+    # compiler, a CPU without AVX512-BF16, a failed build, float32 weights). "none": an engine
+    # without native kernels (adapters of other servers).
+    native_kernels: str = "none"
 
 
 def check_context_ids(contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool) -> None:

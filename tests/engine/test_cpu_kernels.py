@@ -1,4 +1,6 @@
-"""The native bf16 linear kernel: same results as F.linear up to one bf16 ulp, and a clean fallback."""
+"""The native CPU kernels: the same results as the model's torch reference (F.linear up to one
+bf16 ulp, the elementwise steps rounding where the reference rounds), clean fallbacks, and the
+native transform of a whole model."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from parrot.engine import kernels
+from parrot.engine.model.layers import add_rms_norm_reference, rms_norm_reference, silu_mul_reference
+from parrot.engine.model.rope import RotaryStep
 
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="no AVX512-BF16 CPU or no C compiler")
 
@@ -64,18 +68,6 @@ def test_ineligible_inputs_take_the_torch_path() -> None:
 
 
 @needs_kernel
-def test_switch_off_gives_torch_bits() -> None:
-    x, w = torch.randn(1, 576).bfloat16(), torch.randn(960, 576).bfloat16()
-    previous = kernels.set_enabled(False)
-    try:
-        with torch.inference_mode():
-            assert torch.equal(kernels.linear(x, w), F.linear(x, w))
-        assert not kernels.enabled()
-    finally:
-        kernels.set_enabled(previous)
-
-
-@needs_kernel
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(9, 3, 64, 16), (4, 4, 128, 1), (8, 2, 32, 5)],  # two inlined shapes, then the generic path
@@ -101,15 +93,11 @@ def test_paged_decode_matches_the_sdpa_path(num_heads: int, num_kv_heads: int, h
     q = qk[:, :num_heads]
     outs = {}
     for native in (True, False):
-        previous = kernels.set_enabled(native)
-        try:
-            backend = PagedAttention(cache, num_heads, num_kv_heads, head_dim)
-            backend.prepare_decode(specs)
-            assert backend.native_decode is native
-            with torch.inference_mode():
-                outs[native] = backend.decode(0, q)
-        finally:
-            kernels.set_enabled(previous)
+        backend = PagedAttention(cache, num_heads, num_kv_heads, head_dim, native)
+        backend.prepare_decode(specs)
+        assert backend.native_decode is native
+        with torch.inference_mode():
+            outs[native] = backend.decode(0, q)
     assert outs[True].shape == (len(lens), num_heads * head_dim)
     torch.testing.assert_close(outs[True], outs[False], atol=4e-3, rtol=1.6e-2)
     # A one-token context attends only to itself: the output is its V row (rounded once).
@@ -133,15 +121,6 @@ def test_argmax_logsumexp_matches_torch() -> None:
     assert lse[4].item() == 1.0
 
 
-def _reference(fn):  # type: ignore[no-untyped-def]
-    """Run fn with the native kernels off (torch reference ops)."""
-    previous = kernels.set_enabled(False)
-    try:
-        return fn()
-    finally:
-        kernels.set_enabled(previous)
-
-
 def _close_in_bf16(a: torch.Tensor, b: torch.Tensor, max_fraction: float = 0.01) -> None:
     """Equal but for rare one-ulp rounding differences (a reduction or exp in another order)."""
     assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16
@@ -157,9 +136,9 @@ def test_fused_elementwise_steps_round_like_the_reference() -> None:
     delta = torch.randn(n, d, generator=g).bfloat16()
     w = (1 + torch.randn(d, generator=g) * 0.1).bfloat16()
     with torch.inference_mode():
-        _close_in_bf16(kernels.rms_norm(x, w, 1e-5), _reference(lambda: kernels.rms_norm(x, w, 1e-5)))
+        _close_in_bf16(kernels.rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5))
         r, h = kernels.add_rms_norm(x, delta, w, 1e-5)
-        r_ref, h_ref = _reference(lambda: kernels.add_rms_norm(x, delta, w, 1e-5))
+        r_ref, h_ref = add_rms_norm_reference(x, delta, w, 1e-5)
         assert torch.equal(r, r_ref)  # one rounded add: exact
         _close_in_bf16(h, h_ref)
 
@@ -169,31 +148,13 @@ def test_fused_elementwise_steps_round_like_the_reference() -> None:
         qkv = torch.randn(n, (heads + 3) * 64, generator=g).bfloat16()
         qk = qkv[:, : heads * 64].view(n, heads, 64)
         v_before = qkv[:, heads * 64 :].clone()
-        expected = _reference(lambda: kernels.rope(qk.clone(), positions, cos, sin))
+        expected = RotaryStep(positions, cos, sin).apply(qk.clone())
         rotated = kernels.rope(qk, positions, cos, sin)
         assert torch.equal(rotated, expected)
         assert torch.equal(qkv[:, heads * 64 :], v_before)  # in place, and only on the q/k columns
 
         gate_up = (torch.randn(n, 2 * inter, generator=g) * 3).bfloat16()
-        _close_in_bf16(kernels.silu_mul(gate_up), _reference(lambda: kernels.silu_mul(gate_up)))
-
-
-def test_the_switch_is_per_thread() -> None:
-    """An engine sets the switch in its own loop thread; other threads keep theirs."""
-    import threading
-
-    seen: list[bool] = []
-
-    def other() -> None:
-        kernels.set_enabled(False)
-        seen.append(kernels._on())
-
-    before = kernels._on()
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
-    assert seen == [False]
-    assert kernels._on() == before
+        _close_in_bf16(kernels.silu_mul(gate_up), silu_mul_reference(gate_up))
 
 
 @needs_kernel
@@ -205,7 +166,7 @@ def test_paged_decode_propagates_nan_like_sdpa() -> None:
     cache.k.normal_()
     cache.v.normal_()
     cache.k[0, 1, 3, 0, 0] = float("nan")  # token 19 of the second sequence
-    backend = PagedAttention(cache, 2, 1, 64)
+    backend = PagedAttention(cache, 2, 1, 64, native=True)
     backend.prepare_decode([SeqSpec(1, 16, [0]), SeqSpec(1, 20, [2, 1])])
     assert backend.native_decode
     with torch.inference_mode():

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from parrot.engine import blocking
-from parrot.engine.api import AsyncEngine
+from parrot.engine import sync_client
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.server.app import create_engine_app
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, ParrotError, SamplingParams
 from parrot.web.server_thread import ServerThread
@@ -42,30 +42,32 @@ def expect_error(fn: object, status: int, field: str | None) -> ParrotError:
 
 
 def test_in_process_errors(engine: LLMEngine) -> None:
-    blocking.fill(engine, FillRequest(context_id="base", token_ids=[5, 6, 7]))
+    sync_client.fill(engine, FillRequest(context_id="base", token_ids=[5, 6, 7]))
     free_before = engine.stats().num_blocks_free
     expect_error(
-        lambda: blocking.fill(engine, FillRequest(context_id="n", token_ids=[1], parent_context_id="nope")),
+        lambda: sync_client.fill(engine, FillRequest(context_id="n", token_ids=[1], parent_context_id="nope")),
         404,
         "parent_context_id",
     )
     expect_error(
-        lambda: blocking.fill(engine, FillRequest(context_id="base", token_ids=[1], parent_context_id="base")),
+        lambda: sync_client.fill(engine, FillRequest(context_id="base", token_ids=[1], parent_context_id="base")),
         409,
         "context_id",
     )
     expect_error(lambda: engine.free_context(FreeContextRequest(context_id="ghost")), 404, "context_id")
-    expect_error(lambda: blocking.fill(engine, FillRequest(context_id="big", token_ids=[10**6])), 400, "token_ids")
+    expect_error(lambda: sync_client.fill(engine, FillRequest(context_id="big", token_ids=[10**6])), 400, "token_ids")
     # Longer than the model's context (4096 for the tiny model).
     err = expect_error(
-        lambda: blocking.fill(engine, FillRequest(context_id="long", token_ids=[3] * 5000)), 400, "token_ids"
+        lambda: sync_client.fill(engine, FillRequest(context_id="long", token_ids=[3] * 5000)), 400, "token_ids"
     )
     assert "4096" in err.message
     # Fits the model but not the KV pool (64 blocks of 16 = 1024 slots).
-    expect_error(lambda: blocking.fill(engine, FillRequest(context_id="huge", token_ids=[3] * 2000)), 400, "token_ids")
-    expect_error(lambda: blocking.generate(engine, GenerateRequest(context_id="nowhere")), 404, "context_id")
-    blocking.fill(engine, FillRequest(context_id="empty", token_ids=[]))
-    expect_error(lambda: blocking.generate(engine, GenerateRequest(context_id="empty")), 400, "context_id")
+    expect_error(
+        lambda: sync_client.fill(engine, FillRequest(context_id="huge", token_ids=[3] * 2000)), 400, "token_ids"
+    )
+    expect_error(lambda: sync_client.generate(engine, GenerateRequest(context_id="nowhere")), 404, "context_id")
+    sync_client.fill(engine, FillRequest(context_id="empty", token_ids=[]))
+    expect_error(lambda: sync_client.generate(engine, GenerateRequest(context_id="empty")), 400, "context_id")
     engine.free_context(FreeContextRequest(context_id="empty"))
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
@@ -74,17 +76,17 @@ def test_in_process_errors(engine: LLMEngine) -> None:
     # Nothing leaked; the engine still serves.
     assert engine.stats().num_blocks_free == free_before
     assert "long" not in engine.contexts and "n" not in engine.contexts
-    events = blocking.generate(engine, GenerateRequest(context_id="base", sampling=SamplingParams(max_tokens=3)))
+    events = sync_client.generate(engine, GenerateRequest(context_id="base", sampling=SamplingParams(max_tokens=3)))
     assert events[-1].finish_reason in ("length", "eos")
 
 
 def test_freeing_a_generating_context_is_refused(engine: LLMEngine) -> None:
-    blocking.fill(engine, FillRequest(context_id="busy", token_ids=[9] * 20))
-    h = blocking.submit_generate(
+    sync_client.fill(engine, FillRequest(context_id="busy", token_ids=[9] * 20))
+    h = sync_client.submit_generate(
         engine, GenerateRequest(context_id="busy", sampling=SamplingParams(max_tokens=40, ignore_eos=True))
     )
     expect_error(lambda: engine.free_context(FreeContextRequest(context_id="busy")), 409, "context_id")
-    assert len(blocking.wait_generate(h)) == 40
+    assert len(sync_client.wait_generate(h)) == 40
     engine.free_context(FreeContextRequest(context_id="busy"))
     assert "busy" not in engine.contexts
 
@@ -126,13 +128,13 @@ def test_http_api_and_malformed_bodies(server: str) -> None:
 def test_abort_ends_a_generation_and_frees_its_context(engine: LLMEngine) -> None:
     import asyncio
 
-    blocking.fill(engine, FillRequest(context_id="ab", token_ids=[11] * 10))
+    sync_client.fill(engine, FillRequest(context_id="ab", token_ids=[11] * 10))
     free_before = engine.stats().num_blocks_free
     job_id = engine.submit_generate(
         GenerateRequest(
             context_id="ab2", parent_context_id="ab", sampling=SamplingParams(max_tokens=2000, ignore_eos=True)
         ),
-        (h := blocking.Handle()).sink,
+        (h := sync_client.Handle()).sink,
     )
     first = h.events.get(timeout=60)
     engine.abort(job_id)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from parrot.engine import blocking, kernels
+from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
 
 QUESTIONS = [
@@ -35,12 +35,12 @@ def test_greedy_tokens_equal_transformers(default_model_folder: Path) -> None:
         sampling = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
         # All prompts at once: batching and ragged lengths must not change any token.
         for i, p in enumerate(prompts):
-            blocking.submit_fill(engine, FillRequest(context_id=f"q{i}", token_ids=p))
+            sync_client.submit_fill(engine, FillRequest(context_id=f"q{i}", token_ids=p))
         handles = [
-            blocking.submit_generate(engine, GenerateRequest(context_id=f"q{i}", sampling=sampling))
+            sync_client.submit_generate(engine, GenerateRequest(context_id=f"q{i}", sampling=sampling))
             for i in range(len(prompts))
         ]
-        ours = [blocking.token_ids(blocking.wait_generate(h)) for h in handles]
+        ours = [sync_client.token_ids(sync_client.wait_generate(h)) for h in handles]
     finally:
         engine.stop()
 
@@ -74,13 +74,10 @@ def test_bf16_logits_bit_identical_to_transformers(default_model_folder: Path) -
     n = len(ids)
     backend.prepare([SeqSpec(n, n, list(range(8)))], torch.arange(n))
     hf = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.bfloat16).eval()
-    previous = kernels.set_enabled(False)  # the native kernels round differently (by design)
-    try:
-        with torch.no_grad():
-            ours = model.logits(model(torch.tensor(ids), torch.arange(n), backend.forward)[-1:])
-            theirs = hf(torch.tensor([ids])).logits[0, -1:].float()
-    finally:
-        kernels.set_enabled(previous)
+    # The loaded model without the native transform (the kernels round differently, by design).
+    with torch.no_grad():
+        ours = model.logits(model(torch.tensor(ids), torch.arange(n), backend.forward)[-1:])
+        theirs = hf(torch.tensor([ids])).logits[0, -1:].float()
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     assert tok.decode([int(ours.argmax())]).strip() == "The"
 
@@ -95,12 +92,12 @@ def test_bf16_native_kernels_keep_the_greedy_answer(default_model_folder: Path) 
     engine = LLMEngine(EngineConfig(model=str(default_model_folder), dtype="bfloat16"))
     engine.start()
     try:
-        assert kernels.enabled() == kernels.available()
+        assert engine.stats().native_kernels == kernels.status()
         tok = engine.tokenizer
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]))
-        blocking.fill(engine, FillRequest(context_id="q", token_ids=ids))
+        sync_client.fill(engine, FillRequest(context_id="q", token_ids=ids))
         sampling = SamplingParams(max_tokens=16, ignore_eos=True)
-        ours = blocking.token_ids(blocking.generate(engine, GenerateRequest(context_id="q", sampling=sampling)))
+        ours = sync_client.token_ids(sync_client.generate(engine, GenerateRequest(context_id="q", sampling=sampling)))
     finally:
         engine.stop()
     hf = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.bfloat16).eval()

@@ -1,4 +1,4 @@
-"""Shared-prefix (cascade) decode attention: grouping, CPU kernel equality, engine end to end.
+"""Shared-prefix (cascade) decode attention: grouping, CPU kernel equality (end to end: test_shared_prefix_engine.py).
 
 Tolerances against the per-context reference (`PagedAttention`): fp32 atol=1e-6, rtol=1e-5; bf16
 atol=4e-3, rtol=1.6e-2 (the cascade rounds each partial output to bf16 before the fp32 merge, the
@@ -8,12 +8,8 @@ blocks, a partly filled last block is copied on write), so grouping is tested on
 
 from __future__ import annotations
 
-import queue
 import random
-from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -28,17 +24,13 @@ from parrot.engine.attention.shared_prefix import (
     plan_shared_prefixes,
 )
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
-from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
-from parrot.protocol.errors import ParrotError
-from parrot.protocol.sampling import SamplingParams
 
 HQ, HKV, D = 9, 3, 64  # the default model's attention shape
-needs_native = pytest.mark.skipif(not kernels.available(), reason="needs gcc and an AVX512-BF16 CPU")
+NATIVE = kernels.available()  # what a backend built with native=True decodes on, for bf16 caches
+needs_native = pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX512-BF16 CPU")
 TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 4e-3, "rtol": 1.6e-2}}
 
 # A batch spec: members are an int (a decode row: a context of that many own tokens, its newest
@@ -87,7 +79,7 @@ def random_cache(num_blocks: int, block_size: int, dtype: torch.dtype, seed: int
 
 
 def check_decode(
-    spec: Spec, block_size: int, dtype: torch.dtype, seed: int, grouping: GroupingConfig
+    spec: Spec, block_size: int, dtype: torch.dtype, seed: int, grouping: GroupingConfig, native: bool = NATIVE
 ) -> SharedPrefixAttention:
     rng = random.Random(seed)
     seqs, num_blocks = build_batch(spec, block_size, rng if seed % 2 else None)
@@ -95,9 +87,9 @@ def check_decode(
         rng.shuffle(seqs)  # the scheduler's row order interleaves the groups
     cache = random_cache(num_blocks, block_size, dtype, seed)
     q = torch.randn(len(seqs), HQ, D, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
-    ref = PagedAttention(cache, HQ, HKV, D)
+    ref = PagedAttention(cache, HQ, HKV, D, native)
     ref.prepare_decode(seqs)
-    shared = SharedPrefixAttention(cache, HQ, HKV, D, grouping)
+    shared = SharedPrefixAttention(cache, HQ, HKV, D, native, grouping)
     shared.prepare_decode(seqs)
     torch.testing.assert_close(shared.decode(0, q), ref.decode(0, q), **TOL[dtype])
     return shared
@@ -128,25 +120,13 @@ def small_specs(seed: int) -> dict[str, Spec]:
     }
 
 
-@pytest.fixture
-def torch_kernels() -> Iterator[None]:
-    """The torch ops in this thread (the torch cascade, not the native one)."""
-    previous = kernels.enabled()
-    kernels.set_enabled(False)
-    try:
-        yield
-    finally:
-        kernels.set_enabled(previous)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_shared_equals_per_context(
-    case: str, block_size: int, dtype: torch.dtype, seed: int, torch_kernels: None
-) -> None:
-    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig())
+def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtype, seed: int) -> None:
+    """The torch cascade (backends built without native decode)."""
+    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig(), native=False)
     assert shared.plan is not None and shared.plan.segments and shared.cascade is not None
     assert shared.pieces is None
     if case == "nested_several_groups":  # system prompt, its 2 documents, the other group
@@ -164,7 +144,7 @@ def test_shared_equals_per_context(
 @pytest.mark.parametrize("seed", [0, 1])
 def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int) -> None:
     """The native cascade against the per-context path (itself native), nested groups included."""
-    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig())
+    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig(), native=True)
     assert shared.plan is not None and shared.pieces is not None and shared.cascade is None
     pieces = shared.pieces
     # Every row reads its tail plus each segment it is in, split in runs of <= 256 tokens.
@@ -336,110 +316,11 @@ def test_forward_with_prefill_rows_matches_reference() -> None:
         torch.randn(n, HKV, D, generator=gen),
     )
     outs = []
-    for backend in (PagedAttention(cache, HQ, HKV, D), SharedPrefixAttention(cache, HQ, HKV, D)):
+    for backend in (PagedAttention(cache, HQ, HKV, D, NATIVE), SharedPrefixAttention(cache, HQ, HKV, D, NATIVE)):
         backend.prepare(steps, torch.tensor(slots))
         outs.append(backend.forward(0, q, k, v))
     assert isinstance(backend, SharedPrefixAttention) and backend.plan is not None
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
-
-
-# ---- end to end ---------------------------------------------------------------------------------
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 40000) for _ in range(n)]
-
-
-def submit(engine: LLMEngine, submit: str, req: FillRequest | GenerateRequest) -> queue.Queue:
-    events: queue.Queue = queue.Queue()
-    getattr(engine, submit)(req, events.put)
-    return events
-
-
-def drain(events: queue.Queue) -> list[tuple[int, float]]:
-    """A fill's or a generation's events -> [(token id, logprob)] (empty for a fill)."""
-    tokens = []
-    while True:
-        ev = events.get(timeout=300)
-        if isinstance(ev, ParrotError):
-            raise ev
-        if isinstance(ev, FillResult):
-            return tokens
-        assert isinstance(ev, TokenEvent) and ev.token_id is not None and ev.logprob is not None
-        tokens.append((ev.token_id, ev.logprob))
-        if ev.finish_reason is not None:
-            return tokens
-
-
-def generate_forks(engine: LLMEngine, prefix: list[int], docs: list[list[int]], turns: list[list[int]],
-                   max_tokens: int) -> list[list[tuple[int, float]]]:  # fmt: skip
-    """A system prompt, documents forked from it, turns forked from each; all turns decode together."""
-    drain(submit(engine, "submit_fill", FillRequest(context_id="sys", token_ids=prefix)))
-    for d, doc in enumerate(docs):
-        drain(submit(engine, "submit_fill", FillRequest(context_id=f"doc{d}", token_ids=doc, parent_context_id="sys")))
-    parents = [f"doc{d}" for d in range(len(docs))] + ["sys"]
-    leaves = []
-    for i, turn in enumerate(turns):
-        leaves.append(f"turn{i}")
-        req = FillRequest(context_id=leaves[-1], token_ids=turn, parent_context_id=parents[i % len(parents)])
-        drain(submit(engine, "submit_fill", req))
-    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    handles = [submit(engine, "submit_generate", GenerateRequest(context_id=c, sampling=sampling)) for c in leaves]
-    return [drain(h) for h in handles]
-
-
-def assert_same_generations(got: list, expected: list) -> None:
-    """Same greedy tokens, and logprobs equal to fp32 rounding (a wrong attention moves them)."""
-    assert [[t for t, _ in g] for g in got] == [[t for t, _ in g] for g in expected]
-    torch.testing.assert_close(torch.tensor(got)[..., 1], torch.tensor(expected)[..., 1], atol=1e-4, rtol=0)
-
-
-def run_engine(folder: Path, attention: str, block_size: int, dtype: str = "float32", **kw: object) -> tuple:
-    import parrot.engine.attention.shared_prefix_backend  # noqa: F401  (registers "shared_prefix")
-
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(folder), dtype=dtype, attention=attention, block_size=block_size, num_blocks=4096 // block_size
-        )
-    )
-    engine.start()
-    try:
-        return generate_forks(engine, **kw), engine.runner.backend  # type: ignore[arg-type]
-    finally:
-        engine.stop()
-
-
-@pytest.mark.parametrize("block_size", [1, 16])
-def test_engine_tokens_equal_per_context(tiny_model_folder: Path, block_size: int) -> None:
-    kw = {"prefix": prompt(0, 300), "docs": [prompt(1, 280), prompt(2, 300)],
-          "turns": [prompt(10 + i, 3 + 5 * i) for i in range(7)], "max_tokens": 8}  # fmt: skip
-    paged, _ = run_engine(tiny_model_folder, "paged", block_size, **kw)
-    shared, backend = run_engine(tiny_model_folder, "shared_prefix", block_size, **kw)
-    assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
-    assert_same_generations(shared, paged)
-    assert all(len(t) == 8 for t in shared)
-
-
-@pytest.mark.slow
-def test_real_model_forked_batch_same_greedy_tokens(default_model_folder: Path) -> None:
-    from parrot.text.tokenizer import Tokenizer
-
-    tok = Tokenizer(default_model_folder)
-    system = (
-        "You are a careful assistant for a public library. Answer in one short sentence, name the source "
-        "when you know it, and say so plainly when you do not know. "
-    ) * 10
-    questions = ["What is the capital of France?", "Who wrote Hamlet?", "How many legs does a spider have?",
-                 "What is the boiling point of water?", "Name a primary colour.", "What is 12 times 12?"]  # fmt: skip
-    kw = {"prefix": tok.encode(system), "docs": [], "turns": [tok.encode(" Question: " + q) for q in questions],
-          "max_tokens": 16}  # fmt: skip
-    assert len(kw["prefix"]) >= 300
-    paged, _ = run_engine(default_model_folder, "paged", 16, **kw)
-    shared, backend = run_engine(default_model_folder, "shared_prefix", 16, **kw)
-    assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
-    assert_same_generations(shared, paged)
-    assert np.unique([t[0][0] for t in shared]).size > 1  # the questions differ, so do the answers
 
 
 def test_registered_by_name_and_device() -> None:
@@ -449,7 +330,8 @@ def test_registered_by_name_and_device() -> None:
     assert type(backend) is SharedPrefixAttention  # CPU cache: the PyTorch path, not the Triton one
 
 
-def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
+@pytest.mark.parametrize("built_native", [True, False])
+def test_small_groups_decode_per_context_when_the_native_kernel_is_on(built_native: bool) -> None:
     """With the native kernels, the (native) cascade needs 4+ rows sharing 512+ tokens; the torch
     path keeps the lower thresholds; an explicit grouping is always kept."""
     from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
@@ -457,11 +339,11 @@ def test_small_groups_decode_per_context_when_the_native_kernel_is_on() -> None:
     def backend_for(dtype: torch.dtype, rows: int, shared_blocks: int, grouping: GroupingConfig | None = None):  # type: ignore[no-untyped-def]
         cache = KVCache(1, shared_blocks + rows + 1, 16, 3, 64, dtype)
         seqs = [SeqSpec(1, shared_blocks * 16 + 8, [*range(shared_blocks), shared_blocks + r]) for r in range(rows)]
-        backend = SharedPrefixAttention(cache, 9, 3, 64, grouping)
+        backend = SharedPrefixAttention(cache, 9, 3, 64, built_native, grouping)
         backend.prepare_decode(seqs)
         return backend
 
-    native = kernels.enabled()
+    native = built_native and NATIVE
     small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
     assert (small.plan is None) == native
     assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay

@@ -20,15 +20,16 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0); Triton kernels untested")
+from parrot.engine import kernels
 from parrot.engine.attention import triton_kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix import GroupingConfig, plan_shared_prefixes
 from parrot.engine.attention.shared_prefix_backend import TritonSharedPrefixAttention
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
 from parrot.protocol.sampling import SamplingParams
 
@@ -84,7 +85,7 @@ def setup(spec: list, block_size: int, dtype: torch.dtype, heads: tuple[int, int
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
     cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
     q = torch.randn(len(seqs), hq, d, generator=gen).to(dtype)
-    ref = PagedAttention(cache, hq, hkv, d)
+    ref = PagedAttention(cache, hq, hkv, d, native=kernels.available())  # the engine's CPU path
     ref.prepare_decode(seqs)
     return seqs, cache, q, ref.decode(0, q)
 

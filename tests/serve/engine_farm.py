@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.server.app import create_engine_app
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest

@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from parrot.backends.connect import connect_engine
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.protocol.engine_api import (
     EngineStats,

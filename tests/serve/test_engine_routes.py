@@ -11,7 +11,7 @@ import openai
 from engine_farm import farm
 from live_server import LiveServer, serve_app
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.serve import create_app, create_manager
 from parrot.text import Tokenizer
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from live_server import LiveServer, live_server
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.serve import ManagerConfig
 
 

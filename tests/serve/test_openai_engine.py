@@ -18,7 +18,7 @@ from live_server import LiveServer, serve_app, start_tiny_engine
 
 from parrot.backends.connect import connect_engine
 from parrot.backends.openai_engine import OpenAIEngineClient
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.launch import OpenAIUpstream, start_embedded
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from engine_farm import reference
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from parrot.backends.http_engine import HttpEngineClient
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.server.app import create_engine_app
 from parrot.protocol.engine_api import FreeContextRequest
 from parrot.protocol.errors import ParrotError

@@ -7,6 +7,9 @@ and returns the attention output for every row.
 
 `PagedAttention` is the per-context reference path: every sequence reads all of its own KV.
 Subclasses change how decode rows are attended (e.g. shared-prefix attention) and keep the rest.
+A backend built with `native=True` (the engine passes `EngineConfig.cpu_kernels`) decodes on the
+native CPU kernels where they take its cache (bf16 on the CPU, a supported head shape, the
+library built); that choice is made once, at construction.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class PrefillMeta:
 class PagedAttention:
     name = "paged"
 
-    def __init__(self, cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int, native: bool = False) -> None:
         self.cache = cache
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.num_groups = num_heads // num_kv_heads
@@ -49,7 +52,8 @@ class PagedAttention:
         self.slot_mapping = torch.empty(0, dtype=torch.long)
         self.num_decode = 0
         self.prefills: list[PrefillMeta] = []
-        self.native_decode = False  # this step's decode rows run on kernels.paged_decode
+        # Decode rows run on kernels.paged_decode (fixed for the backend's life).
+        self.native_decode = native and kernels.paged_decode_on(cache.k, num_heads, num_kv_heads, head_dim)
 
     # ---- per step -------------------------------------------------------------------------
     def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
@@ -86,7 +90,6 @@ class PagedAttention:
         lens = torch.tensor([s.seq_len for s in seqs])
         self.decode_tables = tables  # [B, max_blocks]
         self.decode_lens = lens
-        self.native_decode = kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim)
         if self.native_decode:
             return  # the native kernel reads the cache in place: no masks, no gather buffers
         # [B, 1, 1, max_blocks * bs]: True where the slot holds this sequence's KV.

@@ -3,7 +3,7 @@
 `SharedPrefixAttention` ("shared_prefix", CPU) groups the step's decode rows by shared prefix
 blocks once per step (`prepare_decode`) and, when some group pays (at least `min_group_size` rows
 sharing at least `min_shared_tokens` tokens), attends each shared prefix once for the whole group
-(the native `kernels.cascade_decode` when the native kernels are on, else the torch
+(the native `kernels.cascade_decode` when the backend decodes natively, else the torch
 `cascade_decode`); otherwise it is exactly the per-context path. Prefill rows are untouched.
 
 `TritonSharedPrefixAttention` ("triton_shared_prefix") runs the same plan with the Triton kernels
@@ -11,7 +11,7 @@ of `triton_kernels.py` (imported when the backend is built, so CPU engines never
 needs the KV cache on a CUDA device, or `TRITON_INTERPRET=1` set before triton's import (tests).
 
 Both own their step metadata (`pieces`, `cascade`, `triton_meta`), valid until the next `prepare`.
-Importing this module registers both names in the attention registry; "shared_prefix" picks the
+The attention registry names both; "shared_prefix" (`make_shared_prefix`) picks the
 implementation by the KV cache's device (CPU: native or PyTorch; CUDA: Triton).
 """
 
@@ -23,7 +23,6 @@ import torch
 
 from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
-from parrot.engine.attention.registry import register_backend
 from parrot.engine.attention.shared_prefix import (
     CascadeMeta,
     GroupingConfig,
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from parrot.engine.attention import triton_kernels
 
 
-# With the native kernels on, a group decodes on the native cascade (kernels.cascade_decode), which
+# With native decode, a group decodes on the native cascade (kernels.cascade_decode), which
 # pays from about 4 rows x 512 shared tokens: attention us per layer, native per-row vs native
 # cascade vs torch cascade (bf16, 2 threads): 4 x 512: 75 / 74 / -, 6 x 1024: 260 / 235 / 566,
 # 16 x 1024: 879 / 507 / 632, 8 x 4096: 1785 / 963 / 1227, 64 x 1024: 2297 / 1927 / 1541.
@@ -53,9 +52,10 @@ class SharedPrefixAttention(PagedAttention):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        native: bool = False,
         grouping: GroupingConfig | None = None,
     ) -> None:
-        super().__init__(cache, num_heads, num_kv_heads, head_dim)
+        super().__init__(cache, num_heads, num_kv_heads, head_dim, native)
         self.grouping = grouping  # None: chosen per step (NATIVE_GROUPING when native decode is on)
         self.plan: SharedPrefixPlan | None = None  # None: this step decodes per context
         self.cascade: CascadeMeta | None = None  # the torch cascade's step tensors
@@ -65,8 +65,7 @@ class SharedPrefixAttention(PagedAttention):
     def step_grouping(self) -> GroupingConfig:
         if self.grouping is not None:
             return self.grouping
-        native = kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim)
-        return NATIVE_GROUPING if native else GroupingConfig()
+        return NATIVE_GROUPING if self.native_decode else GroupingConfig()
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
         self.plan = self.cascade = self.pieces = None
@@ -78,7 +77,7 @@ class SharedPrefixAttention(PagedAttention):
             if plan.segments:
                 self.plan = plan
                 self.num_shared_steps += 1
-                if kernels.paged_decode_on(self.cache.k, self.num_heads, self.num_kv_heads, self.head_dim):
+                if self.native_decode:
                     self.pieces = native_pieces(plan, self.cache.block_size)
                 else:
                     self.prepare_shared(plan)
@@ -122,14 +121,16 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        native: bool = False,
         grouping: GroupingConfig | None = None,
     ) -> None:
+        """`native` is accepted for the registry's signature and ignored: the Triton kernels decode every row."""
         from parrot.engine.attention import triton_kernels
 
         reason = triton_kernels.unavailable_reason(cache.k.device)
         if reason is not None:
             raise ValueError(f"attention backend {self.name!r}: {reason}; use 'shared_prefix' on the CPU")
-        super().__init__(cache, num_heads, num_kv_heads, head_dim, grouping)
+        super().__init__(cache, num_heads, num_kv_heads, head_dim, False, grouping)
         self.kernels = triton_kernels
         self.triton_meta: triton_kernels.TritonCascadeMeta | None = None
 
@@ -157,11 +158,10 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
 _NEVER_GROUP = GroupingConfig(min_group_size=1 << 30, min_shared_tokens=1 << 30)
 
 
-def make_shared_prefix(cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> PagedAttention:
-    """The "shared_prefix" backend for the cache's device: the Triton kernels on CUDA, else PyTorch."""
+def make_shared_prefix(
+    cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int, native: bool = False
+) -> PagedAttention:
+    """The "shared_prefix" backend for the cache's device: the Triton kernels on CUDA, else the
+    CPU one (native decode when `native` and the kernels take the cache, else PyTorch)."""
     cls = TritonSharedPrefixAttention if cache.k.device.type == "cuda" else SharedPrefixAttention
-    return cls(cache, num_heads, num_kv_heads, head_dim)
-
-
-register_backend(SharedPrefixAttention.name, make_shared_prefix)
-register_backend(TritonSharedPrefixAttention.name, TritonSharedPrefixAttention)
+    return cls(cache, num_heads, num_kv_heads, head_dim, native)

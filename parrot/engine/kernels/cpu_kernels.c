@@ -12,7 +12,7 @@
  * 5. parrot_rmsnorm (with the residual add), parrot_rope, parrot_silu_mul: the per-layer
  *    elementwise steps, rounding where the torch reference rounds.
  *
- * Built at first use by parrot/engine/kernels/__init__.py (gcc -O3 -fopenmp); it links the OpenMP
+ * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp); it links the OpenMP
  * runtime torch already loaded, and takes its thread count from torch.
  */
 #include <immintrin.h>
@@ -20,6 +20,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define ROWS 4          /* weight rows per block: one pass over them serves every input row */
 #define PREFETCH 256    /* elements ahead of the loads */
@@ -109,14 +111,11 @@ void parrot_linear_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, const
     for (int64_t n = num_blocks * ROWS; n < N; n++) one_column(x, ldx, M, w, K, bias, y, n, N);
 }
 
-/* ---- AMX: batches of 5..64 rows ------------------------------------------------------------
+/* ---- AMX: batches of 5..128 rows (AMX_MAX_ROWS in ops.py) -----------------------------------
  * Weights are prepacked once (see kernels.pack_amx) into 1 KB tiles: for each block of 16 output
  * columns and each block of 32 input features, 16 rows of 16 (column, feature-pair) bf16 pairs,
  * the VNNI layout tdpbf16ps reads. Each thread owns blocks of 32 output columns and runs up to two
  * 16-row blocks of x against them per pass, so every weight tile is read from memory once. */
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -142,7 +141,8 @@ static void store_tile_rows(const float* c, int64_t rows, const uint16_t* bias, 
     }
 }
 
-/* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0, M <= 64. */
+/* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0; any M
+ * (x is padded to 16-row blocks; the caller sends 5..AMX_MAX_ROWS rows, where AMX beats oneDNN). */
 int parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
                       int64_t M, int64_t N, int64_t K, int num_threads) {
     const int64_t kblocks = K / 32, mblocks = (M + 15) / 16, tile = 512; /* bf16 per 1 KB tile */

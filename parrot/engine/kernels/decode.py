@@ -4,7 +4,8 @@
 `cascade_decode` reads each shared prefix once for all the rows that share it (`CascadePieces`:
 the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp. Both run the
 C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`) through the library
-that `parrot.engine.kernels` loads; callers check `paged_decode_on` first.
+that library.py loads. An attention backend decides once, when it is built, whether it decodes
+natively (`paged_decode_on`, given the engine's setting).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from parrot.engine import kernels
+from parrot.engine.kernels.library import available, load
 
 
 def paged_decode_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether this thread's decode over a cache like `cache_k` runs on `paged_decode`."""
+    """Whether decode over a cache like `cache_k` can run on `paged_decode` here: a CPU cache of a
+    supported shape, and the library built (building it on first call)."""
     supported = paged_decode_supported(cache_k.dtype, num_heads, num_kv_heads, head_dim)
-    return cache_k.device.type == "cpu" and supported and kernels.enabled()
+    return cache_k.device.type == "cpu" and supported and available()
 
 
 def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -39,7 +41,7 @@ def _checked_decode_lib(
     name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: torch.Tensor
 ) -> ctypes.CDLL:
     """The library, after the checks both decode kernels need (layout, dtype, device)."""
-    lib = kernels._lib
+    lib = load()
     assert lib is not None, f"{name} without the native kernels"
     if q.stride(2) != 1 or q.stride(1) != q.shape[2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"{name}: q heads and the cache must be contiguous")
@@ -67,7 +69,7 @@ def paged_decode(
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV, read in place: q [B, Hq, D] (rows may be
     strided), k/v_cache [blocks, bs, Hkv, D], block_tables [B, max_blocks] int64, seq_lens [B]
-    int64 -> [B, Hq * D]. Callers check `enabled()` and `paged_decode_supported` first."""
+    int64 -> [B, Hq * D]. Callers check `paged_decode_on` first."""
     lib = _checked_decode_lib("paged_decode", q, k_cache, v_cache, block_tables, seq_lens)
     tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
     if lens.numel() and int(lens.min()) < 1:

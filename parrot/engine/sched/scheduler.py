@@ -13,7 +13,7 @@ import time
 
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.block_pool import OutOfBlocks
-from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.kv.context import ContextTable
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
 from parrot.engine.sched.policy import get_policy
 from parrot.protocol.errors import ParrotError
@@ -181,14 +181,14 @@ class Scheduler:
                 plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
                 return True
             except OutOfBlocks:
-                if self._reclaim(keep, plan, job if may_preempt else None):
+                if self._reclaim(keep, job if may_preempt else None):
                     continue
                 if not plan.seqs and (may_preempt or not self.running):
                     msg = f"the KV cache ({self.contexts.pool.num_blocks} blocks) cannot hold this context"
                     self._fail(job, ParrotError(msg, status=503), plan)
                 return False
 
-    def _reclaim(self, keep: set[str], plan: StepPlan, preempt_below: Job | None) -> bool:
+    def _reclaim(self, keep: set[str], preempt_below: Job | None) -> bool:
         busy = set(self.queues)
         idle = [c for c in self.contexts.contexts.values() if c.context_id not in busy and c.context_id not in keep]
         idle.sort(key=lambda c: c.last_used)
@@ -204,15 +204,14 @@ class Scheduler:
                 if j is preempt_below:
                     break
                 if j.context_id not in keep:
-                    self._preempt(j, plan)
+                    self._preempt(j)
                     return True
         return False
 
-    def _preempt(self, job: Job, plan: StepPlan) -> None:
+    def _preempt(self, job: Job) -> None:
         self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
         self.running.remove(job)
         self.waiting.append(job)
-        plan.preempted.append(job)
 
     def _fail(self, job: Job, error: ParrotError, plan: StepPlan) -> None:
         plan.failed.append((job, error))
@@ -231,6 +230,3 @@ class Scheduler:
             queue.remove(job)
             if not queue:
                 del self.queues[job.context_id]
-
-    def context_of(self, job: Job) -> Context:
-        return self.contexts.get(job.context_id)

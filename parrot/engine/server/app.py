@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from parrot.engine.api import AsyncEngine
+from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.engine_api import EngineStats, FillRequest, FillResult, FreeContextRequest, GenerateRequest
 from parrot.web.edge import BodyLimitMiddleware, install_error_handlers
 

@@ -1,4 +1,4 @@
-"""Blocking helpers over LLMEngine for scripts, benchmarks and tests (no event loop needed).
+"""The synchronous client of LLMEngine: blocking helpers for scripts, benchmarks and tests (no event loop).
 
 `submit_*` queue work and return a handle; `wait` collects its events. Several handles submitted
 before waiting run batched together in the engine.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.sched.job import JobEvent
 from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
 from parrot.protocol.errors import ParrotError

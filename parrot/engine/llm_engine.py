@@ -1,4 +1,4 @@
-"""LLMEngine: the builtin engine's state and its compute loop thread.
+"""LLMEngine, the engine core: request validation, the builtin engine's state and its compute loop thread.
 
 Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
 forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
@@ -28,7 +28,7 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.model.loader import load_model, resolve_model_folder
 from parrot.engine.runner import ModelRunner
-from parrot.engine.sched.job import Job, JobKind, Sink, StepPlan
+from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepPlan
 from parrot.engine.sched.scheduler import Scheduler
 from parrot.protocol.engine_api import (
     ContextInfo,
@@ -66,9 +66,8 @@ class LLMEngine:
         self.model_folder: Path = resolve_model_folder(config.model)
         self.model_name = config.name or (config.model if not Path(config.model).exists() else self.model_folder.name)
         dtype = DTYPES[config.dtype]
-        if config.cpu_kernels and dtype == torch.bfloat16:
-            kernels.load()  # build now, not in the first step (the loop thread sets its own switch)
         self.model = load_model(self.model_folder, dtype)
+        native = self._apply_native_kernels()
         self.tokenizer = Tokenizer(self.model_folder)
         mc = self.model.cfg
         self.max_model_len = mc.max_position_embeddings
@@ -85,8 +84,8 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks)
         self.contexts = ContextTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
-        backend = make_backend(config.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim)
-        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts)
+        backend = make_backend(config.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
+        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native_sampling=native)
         self._cv = threading.Condition()
         self._job_ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -96,6 +95,24 @@ class LLMEngine:
         self._step_ms: dict[int, float] = {}  # capacity profile: tokens bucket -> EMA of step ms
         self._aborted: set[int] = set()  # job ids to end before the next step
         self._trace: collections.deque[StepRecord] | None = None
+
+    def _apply_native_kernels(self) -> bool:
+        """The native transform, once, when the config asks for it; logs what runs (or why not) and
+        keeps it for stats. Returns whether the kernels run (the backend and sampler use them too)."""
+        if not self.config.cpu_kernels:
+            self.native_kernels = "off"
+            log.info("native CPU kernels off (EngineConfig.cpu_kernels=False): torch ops")
+            return False
+        report = kernels.apply_native(self.model)
+        self.native_kernels = report.status
+        if not report.applied:
+            # A float32 model is a choice (bit-exact runs); a machine without the kernels is news.
+            level = logging.INFO if self.config.dtype != "bfloat16" else logging.WARNING
+            log.log(level, "native CPU kernels %s; running on torch ops", report.status)
+            return False
+        note = f" ({report.note})" if report.note else ""
+        log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)
+        return True
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +193,7 @@ class LLMEngine:
                 num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
                 step_ms_by_num_tokens=dict(self._step_ms),
+                native_kernels=self.native_kernels,
             )
 
     def start_trace(self, max_steps: int = 100_000) -> None:
@@ -240,31 +258,55 @@ class LLMEngine:
         return job
 
     # ---- the loop ------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one scheduled step in the calling thread, for callers that drive the engine
+        themselves (a benchmark timing single steps, an offline script). Only while the loop
+        thread is not running (before `start`, after `stop`). Returns False, without waiting,
+        when no work is queued; events reach the jobs' sinks as they do from the loop."""
+        if self._thread is not None:
+            raise RuntimeError("LLMEngine.step() needs the loop thread stopped (call stop() first)")
+        with self._cv:
+            plan = self._next_plan(block=False)
+            if plan is None:
+                return False
+            seqs = self._begin_step(plan)
+        self._run_step(plan, seqs)
+        return True
+
     def _loop(self) -> None:
-        kernels.set_enabled(self.config.cpu_kernels)  # per thread: this engine's steps only
         while True:
             with self._cv:
-                plan = self._next_plan()
+                plan = self._next_plan(block=True)
                 if plan is None:
                     return
-                seqs = self.runner.row_order(plan)
-                self.cache.copy_blocks(plan.block_copies)
-            t0 = time.perf_counter()
-            try:
-                tokens, logprobs = self.runner.run(seqs)
-            except Exception as exc:  # a bug or OOM in the model: fail the step's jobs, keep serving
-                log.exception("engine step failed")
-                with self._cv:
-                    for s in seqs:
-                        self._abort(s.job, ParrotError(f"engine step failed: {exc}", status=500))
-                continue
-            elapsed = time.perf_counter() - t0
-            with self._cv:
-                self._apply(plan, seqs, tokens, logprobs, elapsed)
+                seqs = self._begin_step(plan)
+            self._run_step(plan, seqs)
 
-    def _next_plan(self) -> StepPlan | None:
+    def _begin_step(self, plan: StepPlan) -> list[ScheduledSeq]:
+        """The step's rows in order, after the plan's copy-on-write block copies (lock held)."""
+        seqs = self.runner.row_order(plan)
+        self.cache.copy_blocks(plan.block_copies)
+        return seqs
+
+    def _run_step(self, plan: StepPlan, seqs: list[ScheduledSeq]) -> None:
+        """The forward pass without the lock, then its results applied under it."""
+        t0 = time.perf_counter()
+        try:
+            tokens, logprobs = self.runner.run(seqs)
+        except Exception as exc:  # a bug or OOM in the model: fail the step's jobs, keep serving
+            log.exception("engine step failed")
+            with self._cv:
+                for s in seqs:
+                    self._abort(s.job, ParrotError(f"engine step failed: {exc}", status=500))
+            return
+        elapsed = time.perf_counter() - t0
+        with self._cv:
+            self._apply(plan, seqs, tokens, logprobs, elapsed)
+
+    def _next_plan(self, block: bool) -> StepPlan | None:
+        """The next plan with rows to compute; None when stopping (blocking) or idle (not)."""
         while True:
-            if self._stopping:
+            if block and self._stopping:
                 return None
             if self._aborted:
                 self._end_aborted()
@@ -277,9 +319,13 @@ class LLMEngine:
                     return plan
                 if plan.failed:
                     continue
+            if not block:
+                return None
             self._cv.wait()
 
-    def _apply(self, plan: StepPlan, seqs: list, tokens: list[int], logprobs: list[float], elapsed: float) -> None:
+    def _apply(
+        self, plan: StepPlan, seqs: list[ScheduledSeq], tokens: list[int], logprobs: list[float], elapsed: float
+    ) -> None:
         self._num_steps += 1
         sampled = iter(zip(tokens, logprobs, strict=True))
         num_decode = 0  # tokens sampled this step

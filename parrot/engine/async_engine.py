@@ -1,4 +1,4 @@
-"""AsyncEngine: the in-process engine API for asyncio callers (the manager, the HTTP server).
+"""AsyncEngine: LLMEngine behind the in-process asyncio engine API (for the manager, the HTTP server).
 
     engine = AsyncEngine(EngineConfig(model="smollm2-135m"))   # loads the model (blocking)
     engine.start()                                              # starts the compute loop thread
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from parrot.engine.config import EngineConfig
-from parrot.engine.engine import LLMEngine
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.sched.job import JobEvent
 from parrot.protocol.engine_api import (
     EngineStats,

@@ -1,0 +1,139 @@
+"""The native kernel library: built once per process from cpu_kernels.c with the system C compiler,
+loaded through ctypes, and why it is unavailable when it is.
+
+The library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags. It
+needs gcc (or $CC) and a CPU with AVX512-BF16; its AMX path also needs AMX-BF16 and the OS's
+permission for the tile state. `status()` names what runs ("avx512_bf16+amx", "avx512_bf16") or
+says why nothing does ("unavailable: <reason>"); the engine logs it once and reports it in stats.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from parrot.engine.paths import cache_dir
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
+_FLAGS += ["-shared", "-fPIC"]
+
+_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+# name -> (restype, argtypes): the ctypes view of every function cpu_kernels.c exports, in one table
+# (tests/engine/test_kernel_signatures.py parses the C signatures and checks them against it).
+SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
+    "parrot_linear_bf16": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
+    "parrot_linear_amx": (_INT, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),  # -1: out of memory
+    "parrot_amx_init": (_INT, []),  # 1: the OS granted the AMX tile state
+    # Decode attention: the number of work items that could not allocate (0 on success).
+    "parrot_paged_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, *[_I64] * 5, _F32, _INT]),
+    "parrot_cascade_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _I64, *[_PTR] * 8, *[_I64] * 5, _F32, _INT]),
+    "parrot_argmax_logsumexp": (None, [_PTR, _I64, _I64, _PTR, _PTR, _INT]),
+    "parrot_rmsnorm": (None, [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT]),
+    "parrot_rope": (None, [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT]),
+    "parrot_silu_mul": (None, [_PTR, _PTR, _I64, _I64, _INT]),
+}
+_BF16_FLAGS = {"avx512_bf16", "avx512bw", "avx512vl"}
+_AMX_FLAGS = {"amx_bf16", "amx_tile"}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_amx = False
+_reason = ""  # why the library is unavailable, or (with it) why AMX is not used
+
+
+def _cpu_flags() -> set[str]:
+    if not _x86_linux():
+        return set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def _x86_linux() -> bool:
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+def cpu_supports_bf16_dot() -> bool:
+    return not _BF16_FLAGS - _cpu_flags()
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why not)."""
+    if not _x86_linux():
+        return None, f"not an x86-64 Linux machine ({platform.system()} {platform.machine()})"
+    missing = _BF16_FLAGS - _cpu_flags()
+    if missing:
+        return None, f"the CPU lacks {', '.join(sorted(missing))}"
+    cc = os.environ.get("CC") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (gcc is not on PATH and $CC is unset)"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *_FLAGS]).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return None, f"compiling {SOURCE.name} with {cc} failed: {proc.stderr.strip()[-500:]}"
+        os.replace(tmp, out)  # atomic: concurrent builders never load a half-written file
+    lib = ctypes.CDLL(str(out))  # torch is imported first, so its OpenMP runtime is the one used
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib, ""
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library, built once per process (None where it cannot be built: see `status`)."""
+    global _lib, _tried, _amx, _reason
+    if _tried:  # the hot path (every native op asks): no lock once the build was tried
+        return _lib
+    with _lock:
+        if not _tried:
+            try:
+                _lib, _reason = _build()
+            except OSError as exc:
+                _lib, _reason = None, f"building or loading the library failed: {exc}"
+            if _lib is not None:
+                # AMX needs the CPU feature and the OS's permission for the tile state (per process).
+                missing = _AMX_FLAGS - _cpu_flags()
+                if missing:
+                    _reason = f"no AMX: the CPU lacks {', '.join(sorted(missing))}"
+                elif _lib.parrot_amx_init() != 1:
+                    _reason = "no AMX: the OS refused the AMX tile state"
+                else:
+                    _amx = True
+            _tried = True
+        return _lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def amx_available() -> bool:
+    return load() is not None and _amx
+
+
+def status() -> str:
+    """ "avx512_bf16+amx", "avx512_bf16", or "unavailable: <reason>" (building on first call)."""
+    if load() is None:
+        return f"unavailable: {_reason}"
+    return "avx512_bf16+amx" if _amx else "avx512_bf16"
+
+
+def note() -> str:
+    """Why the library is unavailable, or with it why AMX is not used; "" when all of it runs."""
+    load()
+    return _reason

@@ -1,0 +1,166 @@
+"""The native ops of the decoder, each with its torch fallback for inputs it does not take.
+
+`linear(x, w, bias, packed)` is `F.linear` for the model's layers in bfloat16:
+- at most `DOT_MAX_ROWS` rows (decode of a few sequences, their LM head): an AVX512-BF16 kernel
+  that streams each weight row once for all rows (~15 GB/s against ~8 for oneDNN's bf16 gemv);
+- up to `AMX_MAX_ROWS` rows, with weights prepacked once by `pack_amx` into AMX tiles: an AMX
+  kernel that reads each weight tile once per pass (about 1.5x oneDNN at 32 rows);
+- anything else (float32, big prefill chunks, odd shapes, autograd): torch.
+Both kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
+differs from `F.linear` by one bf16 ulp; a model without the native transform is the bit-exact
+torch reference. The elementwise steps (RMSNorm with the residual add, RoPE, SiLU*up) round where
+the references in parrot.engine.model round; their reductions run in another order.
+Every op runs on torch where the library is unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from parrot.engine.kernels.library import amx_available, load
+from parrot.engine.model.layers import add_rms_norm_reference, rms_norm_reference, silu_mul_reference
+from parrot.engine.model.rope import RotaryStep
+
+DOT_MAX_ROWS = 4  # the AVX512 dot kernel up to here, then AMX
+AMX_MAX_ROWS = 128  # above this oneDNN's blocking wins (measured: AMX 1.13x at 128 rows, 0.86x at 512)
+
+
+def pack_amx(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] in the AMX kernel's tile layout, or None where that kernel cannot take it.
+
+    Tile (n/16, k/32) holds 16 rows of (column, feature pair): element [n][32 kb + 2 r + e] sits at
+    [n // 16, kb, r, n % 16, e], the VNNI layout tdpbf16ps reads, 1 KB per tile.
+    """
+    if not amx_available() or weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        return None
+    n, k = weight.shape
+    if n % 32 or k % 32:
+        return None
+    return weight.detach().view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`; bf16 steps of up to AMX_MAX_ROWS rows run natively
+    (`packed` = `pack_amx(weight)` enables the AMX path for more than DOT_MAX_ROWS rows)."""
+    lib = load()
+    if (
+        lib is None
+        or x.dim() != 2
+        or x.dtype != torch.bfloat16
+        or weight.dtype != torch.bfloat16
+        or x.device.type != "cpu"
+        or weight.device.type != "cpu"
+        or x.stride(1) != 1
+        or not weight.is_contiguous()
+        or (bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()))
+        or torch.is_grad_enabled()
+    ):
+        return F.linear(x, weight, bias)
+    m, k = x.shape
+    n = weight.shape[0]
+    if m <= DOT_MAX_ROWS:
+        fn = lib.parrot_linear_bf16
+        w = weight
+    elif packed is not None and m <= AMX_MAX_ROWS and amx_available():
+        fn = lib.parrot_linear_amx
+        w = packed
+    else:
+        return F.linear(x, weight, bias)
+    if weight.shape[1] != k:
+        raise ValueError(f"linear: x has {k} features, weight expects {weight.shape[1]}")
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    if fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()):
+        return F.linear(x, weight, bias)  # the AMX kernel could not allocate its padded input
+    return y
+
+
+def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 logits [B, V] -> (first index of each row's maximum [B] int64, logsumexp [B] fp32),
+    one pass per row without a float copy. Callers check `available()` first."""
+    lib = load()
+    assert lib is not None, "argmax_logsumexp without the native kernels"
+    if logits.dtype != torch.bfloat16 or logits.dim() != 2:
+        raise ValueError("argmax_logsumexp takes 2-d bfloat16 logits")
+    x = logits.contiguous()
+    b, v = x.shape
+    idx = torch.empty(b, dtype=torch.int64)
+    lse = torch.empty(b, dtype=torch.float32)
+    lib.parrot_argmax_logsumexp(x.data_ptr(), b, v, idx.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    return idx, lse
+
+
+# ---- fused elementwise steps of the decoder layer (the model's torch reference when not native) ---
+def _native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The library if every tensor is a contiguous bf16 CPU tensor and autograd is off."""
+    lib = load()
+    if lib is None or torch.is_grad_enabled():
+        return None
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, rounding where the reference rounds (fused natively in bf16)."""
+    lib = _native(x, weight)
+    if lib is None or x.dim() != 2 or x.shape[1] % 16:
+        return rms_norm_reference(x, weight, eps)
+    out = torch.empty_like(x)
+    n, d = x.shape
+    lib.parrot_rmsnorm(x.data_ptr(), None, None, weight.data_ptr(), out.data_ptr(), n, d, eps, torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, rms_norm(r)) with r = x + delta: the residual add and the next norm in one pass."""
+    lib = _native(x, delta, weight)
+    if lib is None or x.dim() != 2 or x.shape[1] % 16 or x.shape != delta.shape:
+        return add_rms_norm_reference(x, delta, weight, eps)
+    r, out = torch.empty_like(x), torch.empty_like(x)
+    n, d = x.shape
+    args = (x.data_ptr(), delta.data_ptr(), r.data_ptr(), weight.data_ptr(), out.data_ptr(), n, d, eps)
+    lib.parrot_rmsnorm(*args, torch.get_num_threads())
+    return r, out
+
+
+class NativeRotaryStep(RotaryStep):
+    """`RotaryStep` that rotates bf16 heads in place natively (the torch gather otherwise)."""
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, heads, D] (rows may be strided, e.g. a view into the qkv projection)."""
+        lib = _native(x[0:0])
+        d = x.shape[-1]
+        pos = self.positions
+        if lib is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or pos.dtype != torch.int64:
+            return super().apply(x)
+        n, h, _ = x.shape
+        pos, ct, st = pos.contiguous(), self.cos_table.contiguous(), self.sin_table.contiguous()
+        lib.parrot_rope(
+            x.data_ptr(), x.stride(0), n, h, d, ct.data_ptr(), st.data_ptr(), pos.data_ptr(), torch.get_num_threads()
+        )
+        return x
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+    """`NativeRotaryStep(positions, cos_table, sin_table).apply(x)` for a single use."""
+    return NativeRotaryStep(positions, cos_table, sin_table).apply(x)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[N, 2I] = [gate | up] -> silu(gate) * up [N, I]."""
+    lib = _native(gate_up)
+    n, two_i = gate_up.shape
+    if lib is None or gate_up.dim() != 2 or two_i % 32:
+        return silu_mul_reference(gate_up)
+    out = torch.empty(n, two_i // 2, dtype=gate_up.dtype)
+    lib.parrot_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, torch.get_num_threads())
+    return out

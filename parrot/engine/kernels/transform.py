@@ -1,0 +1,149 @@
+"""The native transform: `apply_native(model)` swaps a loaded model's pieces, in place, for
+subclasses that run the native CPU kernels (gpt-fast style: a speed-up applied to a finished
+model, not a flag threaded through it).
+
+Swapped: every `Linear` (AVX512 dot kernel for a few rows, AMX over prepacked weights up to
+AMX_MAX_ROWS), `RMSNorm` (fused with the residual add), `SiluMul`, `Rotary` (in place) and the
+`LMHead`. Each native piece keeps its torch parent's path for inputs the kernels do not take, and
+shares its parameters with the piece it replaced (nothing is copied; loading still works).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from parrot.engine.kernels import library, ops
+from parrot.engine.model.layers import Linear, LMHead, RMSNorm, SiluMul
+from parrot.engine.model.rope import Rotary, RotaryStep
+
+
+class PackedWeight:
+    """A weight's AMX tile layout, rebuilt when the weight changes (in-place writes such as
+    `copy_` in loading bump its version; writes through `.data` do not and need a new PackedWeight).
+    The packed copy doubles the memory of the bf16 linear weights."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.packed: torch.Tensor | None = None
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        if weight.dtype != torch.bfloat16:
+            return None  # nothing cached: a later bf16 weight still packs
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key:
+            self.key, self.packed = key, ops.pack_amx(weight)
+        return self.packed
+
+
+class NativeLinear(Linear):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.packed = PackedWeight()
+
+    @classmethod
+    def of(cls, linear: Linear) -> NativeLinear:
+        with torch.device("meta"):  # no memory: the parameters are the replaced module's
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new.weight, new.bias = linear.weight, linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias, self.packed.get(self.weight))
+
+
+class NativeRMSNorm(RMSNorm):
+    @classmethod
+    def of(cls, norm: RMSNorm) -> NativeRMSNorm:
+        with torch.device("meta"):
+            new = cls(norm.weight.shape[0], norm.eps)
+        new.weight = norm.weight
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.add_rms_norm(x, delta, self.weight, self.eps)
+
+
+class NativeSiluMul(SiluMul):
+    @classmethod
+    def of(cls, _: SiluMul) -> NativeSiluMul:
+        return cls()
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return ops.silu_mul(gate_up)
+
+
+class NativeRotary(Rotary):
+    @classmethod
+    def of(cls, rotary: Rotary) -> NativeRotary:
+        return cls(rotary.cos, rotary.sin)
+
+    def at(self, positions: torch.Tensor) -> RotaryStep:
+        return ops.NativeRotaryStep(positions, self.cos, self.sin)
+
+
+class NativeLMHead(LMHead):
+    def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
+        super().__init__(hidden_size, vocab_size, tied)
+        self.packed = PackedWeight()
+
+    @classmethod
+    def of(cls, head: LMHead) -> NativeLMHead:
+        with torch.device("meta"):
+            new = cls(0, 0, tied=True)
+        new.weight = head.weight
+        return new
+
+    def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        w = self.head_weight(embed_weight)
+        return ops.linear(hidden, w, None, self.packed.get(w))
+
+
+# torch piece -> its native replacement (exact types: a piece already native is left alone).
+NATIVE_PIECES: dict[type[nn.Module], type] = {
+    Linear: NativeLinear,
+    RMSNorm: NativeRMSNorm,
+    SiluMul: NativeSiluMul,
+    Rotary: NativeRotary,
+    LMHead: NativeLMHead,
+}
+
+
+@dataclass(frozen=True)
+class NativeReport:
+    """What `apply_native` did. `status` is what EngineStats.native_kernels reports."""
+
+    status: str  # "avx512_bf16+amx", "avx512_bf16", or "unavailable: <reason>"
+    num_replaced: int = 0  # modules swapped for native ones
+    note: str = ""  # why AMX is not used (when the library runs without it)
+
+    @property
+    def applied(self) -> bool:
+        return not self.status.startswith("unavailable")
+
+
+def apply_native(model: nn.Module) -> NativeReport:
+    """Swap the model's pieces for native ones, in place, once the kernel library is built; leave
+    the model untouched (and say why) where the library is unavailable or the weights are not
+    bfloat16. Applying it twice replaces nothing more."""
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.bfloat16}:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        return NativeReport(f"unavailable: the kernels take bfloat16 weights and the model's are {names}")
+    if not library.available():
+        return NativeReport(library.status())
+    num_replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            native = NATIVE_PIECES.get(type(child))
+            if native is not None:
+                new = native.of(child)  # type: ignore[attr-defined]
+                new.train(child.training)
+                setattr(parent, name, new)
+                num_replaced += 1
+    return NativeReport(library.status(), num_replaced, library.note())

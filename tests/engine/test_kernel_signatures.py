@@ -1,0 +1,58 @@
+"""The ctypes declarations of the kernel library (kernels.library.SIGNATURES) match the C functions
+cpu_kernels.c exports: the same functions, argument counts and types, and return types. A mismatch
+would not fail to load; it would pass garbage to the kernels."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+from parrot.engine.kernels.library import SIGNATURES, SOURCE
+
+C_TO_CTYPES: dict[str, type | None] = {
+    "void": None,
+    "int": ctypes.c_int,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+}
+# An exported definition: a return type at the start of a line, a parrot_ name, its parameters.
+DEFINITION = re.compile(r"^(void|int|int64_t|float)\s+(parrot_\w+)\s*\(([^)]*)\)\s*\{", re.MULTILINE)
+
+
+def ctype_of(param: str) -> type:
+    """One C parameter ("const uint16_t* x", "int64_t N", "float eps") -> its ctypes type."""
+    if "*" in param:
+        return ctypes.c_void_p
+    c_type = " ".join(param.replace("const ", "").split()[:-1])
+    ctype = C_TO_CTYPES[c_type]
+    assert ctype is not None, f"parameter {param!r} of type void"
+    return ctype
+
+
+def c_signatures() -> dict[str, tuple[type | None, list[type]]]:
+    found = {}
+    for ret, name, params in DEFINITION.findall(SOURCE.read_text()):
+        params = params.strip()
+        args = [] if params in ("", "void") else [ctype_of(p) for p in params.split(",")]
+        found[name] = (C_TO_CTYPES[ret], args)
+    return found
+
+
+def test_the_parser_reads_the_c_file() -> None:
+    sigs = c_signatures()
+    assert sigs["parrot_amx_init"] == (ctypes.c_int, [])
+    assert sigs["parrot_silu_mul"] == (
+        None,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int],
+    )
+
+
+def test_ctypes_declarations_match_the_c_signatures() -> None:
+    sigs = c_signatures()
+    assert sorted(SIGNATURES) == sorted(sigs)  # every export declared, nothing declared that is not exported
+    for name, (restype, argtypes) in SIGNATURES.items():
+        c_restype, c_argtypes = sigs[name]
+        assert restype == c_restype, f"{name}: restype {restype} but C returns {c_restype}"
+        assert len(argtypes) == len(c_argtypes), f"{name}: {len(argtypes)} argtypes, C takes {len(c_argtypes)}"
+        for i, (ours, theirs) in enumerate(zip(argtypes, c_argtypes, strict=True)):
+            assert ours == theirs, f"{name} argument {i}: ctypes {ours.__name__}, C {theirs.__name__}"
