@@ -105,7 +105,7 @@ def test_quick_scenarios_are_scaled_down_and_keep_the_paper_shapes() -> None:
     agents = by_key["multi_agent/files4"].params
     assert [r.role for r in agents.rounds] == ["architect", "coder", "reviewer", "reviser"]
     assert agents.num_calls == 1 + 3 * 4
-    assert agents.num_output_tokens == 32 + sum(agents._outs(r)[i] for r in agents.rounds[1:] for i in range(4))
+    assert agents.num_output_tokens == 32 + sum(agents.outs(r)[i] for r in agents.rounds[1:] for i in range(4))
     mixed = by_key["mixed/default"].params
     assert mixed.app_starts_s == (1.0, 3.0) and mixed.map_reduce.num_chunks == 4
     for s in scenarios:  # every scenario says how it was scaled
