@@ -70,13 +70,6 @@ class SessionGraph:
         self.calls: dict[str, CallNode] = {}
         self._num_generated_var_ids = 0
 
-    def producer(self, var_id: str) -> CallNode | None:
-        call_id = self.variables[var_id].producer_call_id
-        return None if call_id is None else self.calls[call_id]
-
-    def consumers(self, var_id: str) -> list[CallNode]:
-        return [self.calls[c] for c in self.variables[var_id].consumer_call_ids]
-
     def stage(
         self,
         var_specs: Sequence[VariableSpec],

@@ -33,13 +33,11 @@ class Session:
         self.idle_timeout_s = idle_timeout_s
         self.graph = SessionGraph()  # the calls' and variables' structure
         self.runs: dict[str, CallRun] = {}  # call_id -> the call's run state (call_run.py)
-        self.created_at = time.monotonic()
-        self.last_active = self.created_at
+        self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
 
     def touch(self) -> None:
-        self.created_at = time.monotonic()
-        self.last_active = self.created_at
+        self.last_active = time.monotonic()
 
     def idle_s(self, now: float | None = None) -> float:
         return 0.0 if self.num_waiting_gets else (now or time.monotonic()) - self.last_active
