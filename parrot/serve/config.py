@@ -40,7 +40,7 @@ class ManagerConfig:
     prefix_block_tokens: int = 64
     prefix_evict_below_free: float = 0.1
     prefix_evict_to_free: float = 0.2
-    # Objective deduction (objectives.py): off, every call gets `default_objective`.
+    # Objective deduction (policy/objectives.py): off, every call gets `default_objective`.
     objective_deduction: bool = True
     default_objective: Objective = Objective.LATENCY
     # App-centric policy ("app_centric"): a latency-critical engine runs at most as many calls as

@@ -38,10 +38,11 @@ from parrot.protocol.public_api import (
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import chat_message_boundaries
+from parrot.serve.runtime.call_run import CallState
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
-from parrot.serve.runtime.graph import CallNode, CallState, StagedBatch
+from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
 from parrot.serve.runtime.prefix_cache import PrefixCache
 from parrot.serve.runtime.render import check_prompt_len, text_piece_token_ids
@@ -135,23 +136,24 @@ class Manager:
         await self.executor.drop_session(session)
 
     def status(self, session: Session) -> SessionStatus:
-        counts = collections.Counter(c.state for c in session.graph.calls.values())
+        runs = session.runs
+        counts = collections.Counter(run.state for run in runs.values())
         calls = [
             CallStatus(
                 call_id=c.call_id,
                 name=c.name,
-                state=c.state.value,
-                objective=c.objective,
-                urgency=c.urgency,
-                task_group=c.task_group,
-                priority=c.priority,
-                engine_id=c.engine_id,
-                num_attempts=c.num_attempts,
-                num_prompt_tokens=c.num_prompt_tokens,
-                num_cached_tokens=c.num_cached_tokens,
-                num_generated_tokens=c.num_generated_tokens,
+                state=r.state.value,
+                objective=r.objective,
+                urgency=r.urgency,
+                task_group=r.task_group,
+                priority=r.priority,
+                engine_id=r.engine_id,
+                num_attempts=r.num_attempts,
+                num_prompt_tokens=r.num_prompt_tokens,
+                num_cached_tokens=r.num_cached_tokens,
+                num_generated_tokens=r.num_generated_tokens,
             )
-            for c in session.graph.calls.values()
+            for c, r in ((c, runs[c.call_id]) for c in session.graph.calls.values())
         ]
         return SessionStatus(
             calls=calls,

@@ -16,7 +16,7 @@ from fake_engine import FakeEngine
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
 from parrot.serve.manager import create_manager
-from parrot.serve.runtime.graph import CallNode, CallState
+from parrot.serve.runtime.call_run import CallRun, CallState
 
 HOT = "You are the on-call assistant for the payments team; reply with one word only, please. " * 2
 
@@ -35,7 +35,7 @@ def flood_then_cold(folder: Path, aging_s: float, flood_s: float) -> tuple[float
             hot = manager.session(created.session_id, created.token)
             created = manager.create_session("key")
             cold = manager.session(created.session_id, created.token)
-            hot_calls: list[CallNode] = []
+            hot_calls: list[CallRun] = []
 
             def submit_hot(n: int) -> None:
                 specs = [
@@ -43,12 +43,12 @@ def flood_then_cold(folder: Path, aging_s: float, flood_s: float) -> tuple[float
                     for i in range(len(hot_calls), len(hot_calls) + n)
                 ]
                 resp = manager.submit(hot, SubmitRequest(calls=specs))
-                hot_calls.extend(hot.graph.calls[c.call_id] for c in resp.calls)
+                hot_calls.extend(hot.runs[c.call_id] for c in resp.calls)
 
             submit_hot(1)  # caches the hot prefix
             await manager.get_variable(hot, "c0~a")
             start = time.monotonic()
-            cold_call: CallNode | None = None
+            cold_call: CallRun | None = None
             while time.monotonic() - start < flood_s:
                 waiting = sum(c.state is CallState.WAITING for c in hot_calls)
                 if waiting < 6:
@@ -58,7 +58,7 @@ def flood_then_cold(folder: Path, aging_s: float, flood_s: float) -> tuple[float
                         template="Cold question {{input:q}}:{{output:a}}", bindings={"q": Binding(value="x")}
                     )
                     manager.submit(cold, SubmitRequest(calls=[spec]))
-                    cold_call = cold.graph.calls["c0"]
+                    cold_call = cold.runs["c0"]
                     submitted_at = time.monotonic()
                 await asyncio.sleep(0.005)
             flood_end = time.monotonic()

@@ -8,7 +8,7 @@ import time
 from live_server import LiveServer
 
 from parrot.frontend import Input, Output, SamplingParams, Session, semantic_function
-from parrot.serve.runtime.graph import CallState
+from parrot.serve.runtime.call_run import CallState
 from parrot.text import Tokenizer
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -41,15 +41,15 @@ def test_three_level_dag_runs_without_the_client(server: LiveServer) -> None:
 
         session = server.manager.sessions.sessions[s.session_id]
         deadline = time.monotonic() + 60
-        while any(c.state is not CallState.DONE for c in session.graph.calls.values()):
+        while any(r.state is not CallState.DONE for r in session.runs.values()):
             assert time.monotonic() < deadline, "the DAG did not finish on its own"
             time.sleep(0.01)
         first_get_at = time.monotonic()
         final_text = final.get()
 
-        calls = session.graph.calls
+        calls = session.runs
         assert sorted(calls) == ["c0", "c1", "c2", "c3", "c4", "c5"]
-        assert [calls[c].name for c in sorted(calls)] == ["summarize"] * 4 + ["combine", "rewrite"]
+        assert [calls[c].call.name for c in sorted(calls)] == ["summarize"] * 4 + ["combine", "rewrite"]
         # Every level started (and finished) before the client asked for anything.
         assert all(c.dispatched_at is not None and c.dispatched_at < first_get_at for c in calls.values())
         # Each level was released by its producers: reduce after the last map, rewrite after reduce.

@@ -104,7 +104,7 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
         # Streamed once, in order, across the two engines: nothing lost, nothing repeated.
         assert "".join(chunks) == STORY
         assert (await manager.get_variable(session, "c0~s")).value == STORY
-        call = session.graph.calls["c0"]
+        call = session.runs["c0"]
         assert [call.num_attempts, call.engine_id] == [1, "e1"]
         assert call.num_generated_tokens == 4 + len(
             tok.encode(continue_story("Story:" + tok.decode(call.output_token_ids["s"][:4])))
@@ -139,7 +139,7 @@ def test_a_silent_engine_is_declared_dead_and_gets_no_more_calls(default_model_f
         manager.submit(session, SubmitRequest(calls=calls))
         for i in range(3):
             await manager.get_variable(session, f"c{i}~a")
-        assert {c.engine_id for c in session.graph.calls.values()} == {"e0"}
+        assert {r.engine_id for r in session.runs.values()} == {"e0"}
         assert [h.model for h in manager.pool.alive] == ["fake"]
 
     run(engines, config, body)
@@ -254,6 +254,6 @@ def test_engines_added_while_serving_take_calls(default_model_folder: Path) -> N
             manager.submit(s, SubmitRequest(calls=[CallSpec(template=f"Q{i}:{{{{output:a}}}}")]))
         for s in sessions:
             await manager.get_variable(s, "c0~a")
-        assert [s.graph.calls["c0"].engine_id for s in sessions] == ["e0", "e1", "e0", "e1"]
+        assert [s.runs["c0"].engine_id for s in sessions] == ["e0", "e1", "e0", "e1"]
 
     run([first], ManagerConfig(), body)

@@ -43,10 +43,10 @@ def test_chain_edges_and_generated_ids() -> None:
     )
     assert sorted(graph.variables) == ["c0~s", "c1~s2", "c1~t", "doc", "v~0"]
     assert graph.variables["v~0"].name == "free"
-    assert graph.producer("c0~s").call_id == "c0"
-    assert [c.call_id for c in graph.consumers("c0~s")] == ["c1"]
-    assert [c.call_id for c in graph.consumers("doc")] == ["c0"]
-    assert graph.producer("doc") is None
+    assert graph.variables["c0~s"].producer_call_id == "c0"
+    assert graph.variables["c0~s"].consumer_call_ids == ["c1"]
+    assert graph.variables["doc"].consumer_call_ids == ["c0"]
+    assert graph.variables["doc"].producer_call_id is None
     assert graph.variables["c1~s2"].value == "inline"
     assert graph.calls["c1"].inputs == {"s": "c0~s", "s2": "c1~s2"}
     assert graph.calls["c1"].outputs == {"t": "c1~t"}

@@ -247,7 +247,7 @@ def test_delete_frees_engine_contexts_and_wakes_waiting_gets(server: LiveServer)
     session = server.manager.sessions.sessions[c.session_id]
     deadline = time.monotonic() + 30
     # Wait until c0 is generating and c1's prefix sits in the engine.
-    while not (session.graph.variables["c0~s"].chunks and session.graph.calls["c1"].num_fill_requested):
+    while not (session.graph.variables["c0~s"].chunks and session.runs["c1"].num_fill_requested):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     while server.stats().num_blocks_free >= blocks_free - 1:  # the early fill is on its way

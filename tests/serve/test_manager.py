@@ -105,8 +105,8 @@ def test_multi_output_per_output_sampling_and_shared_variable(default_model_fold
         assert (await manager.get_variable(session, "c0~why")).value == " BECAUSE"
         assert (await manager.get_variable(session, "c1~a")).value == " ONE:"
         assert (await manager.get_variable(session, "c2~b")).value == " TWO:"
-        assert session.graph.calls["c0"].finish_reasons == {"joke": "length", "why": "eos"}
-        assert [c.call_id for c in session.graph.consumers("c0~joke")] == ["c1", "c2"]
+        assert session.runs["c0"].finish_reasons == {"joke": "length", "why": "eos"}
+        assert session.graph.variables["c0~joke"].consumer_call_ids == ["c1", "c2"]
 
     run(default_model_folder, body)
 

@@ -23,7 +23,7 @@ from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
 from parrot.serve.manager import Manager, create_manager
 from parrot.serve.policy.plan import Plan
-from parrot.serve.runtime.graph import CallState
+from parrot.serve.runtime.call_run import CallState
 from parrot.serve.runtime.session import Session
 from parrot.text import Tokenizer
 
@@ -84,7 +84,7 @@ def test_calls_land_on_their_prefix_engine_within_the_latency_cap(tiny_model_fol
             # Round 1: each app's first call, in one scheduling step: one app per engine.
             first = [ask(manager, s, a, [f"app {a}: first"]) for a, s in enumerate(sessions)]
             await asyncio.gather(*(manager.get_variable(s, v[0]) for s, v in zip(sessions, first, strict=True)))
-            holder = [s.graph.calls["c0"].engine_id for s in sessions]
+            holder = [s.runs["c0"].engine_id for s in sessions]
             assert sorted(holder) == ["e0", "e1", "e2", "e3"]  # type: ignore[type-var]
             # Round 2: three more calls per app (the cap): all on the engine holding the app's prefix.
             more = [ask(manager, s, a, [f"app {a}: q{j}" for j in range(3)]) for a, s in enumerate(sessions)]
@@ -92,12 +92,12 @@ def test_calls_land_on_their_prefix_engine_within_the_latency_cap(tiny_model_fol
                 *(manager.get_variable(s, v) for s, vs in zip(sessions, more, strict=True) for v in vs)
             )
             for a, s in enumerate(sessions):
-                assert [s.graph.calls[f"c{j}"].engine_id for j in (1, 2, 3)] == [holder[a]] * 3
-                assert all(s.graph.calls[f"c{j}"].num_cached_tokens > 30 for j in (1, 2, 3))
+                assert [s.runs[f"c{j}"].engine_id for j in (1, 2, 3)] == [holder[a]] * 3
+                assert all(s.runs[f"c{j}"].num_cached_tokens > 30 for j in (1, 2, 3))
             # Round 3: app 0 sends five at once: three fit under its engine's cap, two go elsewhere.
             burst = ask(manager, sessions[0], 0, [f"app 0: burst {j}" for j in range(5)])
             await asyncio.gather(*(manager.get_variable(sessions[0], v) for v in burst))
-            placed = [sessions[0].graph.calls[f"c{j}"].engine_id for j in range(4, 9)]
+            placed = [sessions[0].runs[f"c{j}"].engine_id for j in range(4, 9)]
             assert placed[:3] == [holder[0]] * 3
             assert holder[0] not in placed[3:]
             assert max(peaks.values()) == 3  # never beyond the cap
@@ -151,18 +151,18 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
             # Kill e1 while one of its calls is half generated.
             deadline = time.monotonic() + 60
             while not any(
-                c.engine_id == "e1" and c.state is CallState.RUNNING and len(c.output_token_ids.get(n, ())) >= 4
+                r.engine_id == "e1" and r.state is CallState.RUNNING and len(r.output_token_ids.get(n, ())) >= 4
                 for s in sessions
-                for c in s.graph.calls.values()
-                for n in c.outputs
+                for r in s.runs.values()
+                for n in r.call.outputs
             ):
                 assert time.monotonic() < deadline, "no call ran on e1"
                 await asyncio.sleep(0.002)
             victims = [
-                (s, c.call_id)
+                (s, call_id)
                 for s in sessions
-                for c in s.graph.calls.values()
-                if c.state is CallState.RUNNING and c.engine_id == "e1"
+                for call_id, r in s.runs.items()
+                if r.state is CallState.RUNNING and r.engine_id == "e1"
             ]
             engines[1].server.server.config.timeout_graceful_shutdown = 0  # a crash, not a drain
             await asyncio.to_thread(engines[1].server.stop)
@@ -171,8 +171,8 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
             while manager.pool.handles["e1"].alive:  # dead within seconds: at once if it refuses, else by silence
                 assert time.monotonic() - killed_at < 5.0
                 await asyncio.sleep(0.01)
-            assert victims and all(s.graph.calls[c].num_attempts == 1 for s, c in victims)
-            assert all(s.graph.calls[c].engine_id != "e1" for s, c in victims)
+            assert victims and all(s.runs[c].num_attempts == 1 for s, c in victims)
+            assert all(s.runs[c].engine_id != "e1" for s, c in victims)
             ref = engines[0].engine
             for a, (s, final) in enumerate(zip(sessions, finals, strict=True)):
                 x = await reference(
@@ -181,7 +181,7 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
                 assert s.graph.variables["c0~x"].value == x
                 y = await reference(ref, tok.encode("Continue ") + tok.encode(x) + tok.encode(" then:"), long)
                 assert final.value == y
-                assert [c.num_generated_tokens for c in s.graph.calls.values()] == [48, 48]
+                assert [r.num_generated_tokens for r in s.runs.values()] == [48, 48]
         finally:
             await manager.stop()
 

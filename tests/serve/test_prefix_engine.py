@@ -60,7 +60,7 @@ def test_two_sessions_with_one_system_prompt_compute_it_once(tiny_engine: AsyncE
                 assert value is not None
                 answers[sharing].append(value)
                 second = len(answers[sharing]) == 2
-                assert session.graph.calls["c0"].num_cached_tokens == (n_system - 1 if sharing and second else 0)
+                assert session.runs["c0"].num_cached_tokens == (n_system - 1 if sharing and second else 0)
 
         return go
 

@@ -100,7 +100,7 @@ def test_branches_of_a_generated_shared_prefix_fill_it_once(default_model_folder
         manager.submit(session, SubmitRequest(calls=calls))
         for i in (1, 2, 3):
             assert (await manager.get_variable(session, f"c{i}~review")).value == " OK"
-        assert session.graph.calls["c2"].num_cached_tokens >= 30
+        assert session.runs["c2"].num_cached_tokens >= 30
 
     engine = run(default_model_folder, body, ManagerConfig(), responder=responder)
     # The longest prefix the branches share runs up to their first difference, the role.

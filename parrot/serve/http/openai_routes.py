@@ -49,6 +49,7 @@ from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
 from parrot.serve.http.deps import ManagerDep
 from parrot.serve.manager import Manager
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.session import Session
 from parrot.web.edge import BearerToken, error_body
@@ -204,10 +205,11 @@ class _OneCall:
         except BaseException:
             self.manager.sessions.remove(self.session.session_id, "closed")
             raise
+        self.record: CallRun = self.session.runs[self.call.call_id]  # usage, finish reason, tokens
         self.var = self.session.graph.variables[self.call.outputs[_OUTPUT]]
 
     def usage(self) -> Usage:
-        c = self.call
+        c = self.record
         return Usage(
             prompt_tokens=c.num_prompt_tokens,
             completion_tokens=c.num_generated_tokens,
@@ -216,7 +218,7 @@ class _OneCall:
         )
 
     def finish_reason(self) -> str | None:
-        reason = self.call.finish_reasons.get(_OUTPUT)
+        reason = self.record.finish_reasons.get(_OUTPUT)
         return None if reason is None else _FINISH.get(reason, reason)
 
     async def complete(self) -> tuple[str, str | None, Usage]:
@@ -262,9 +264,9 @@ class _TokenReport:
     def take(self, final: bool = False) -> CompletionLogProbs:
         """`final`: the output is complete; before that, an EOS the engine streamed (the one token
         outside the context's) waits, so that it arrives with the finish reason, as in vLLM."""
-        call = self.run.call
-        streamed = call.output_tokens.get(_OUTPUT, [])
-        stop = len(streamed) if final else min(len(streamed), len(call.output_token_ids.get(_OUTPUT, [])))
+        record = self.run.record
+        streamed = record.output_tokens.get(_OUTPUT, [])
+        stop = len(streamed) if final else min(len(streamed), len(record.output_token_ids.get(_OUTPUT, [])))
         tokens = streamed[self.num_taken : stop]
         self.num_taken += len(tokens)
         report = CompletionLogProbs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])

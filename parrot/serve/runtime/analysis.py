@@ -1,8 +1,8 @@
-"""DAG analysis: pure functions of a call and its variables, read by the executor's snapshot.
+"""DAG analysis: pure readiness queries on a call and its variables, read when views.py builds
+the call's view for the policy.
 
-Nothing here mutates state or talks to an engine. Issue 4 extends this module with objective
-deduction (criteria propagated backwards through the DAG from the variables a `get` waits on) and
-task-group detection (parallel producers feeding one consumer).
+Nothing here mutates state or talks to an engine. The rest of the DAG analysis, objective deduction
+and task groups, is pure too: policy/objectives.py, applied to a session by deduction.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ A re-run after an engine died resumes: outputs set before are filled back as the
 tokens, and an output cut off mid-generation continues from its tokens so far (never repeated,
 never lost).
 
-Owned by the executor, which serializes a runner's steps (one in flight at a time).
+Owned by the executor, which serializes a runner's steps (one in flight at a time). The runner
+writes the call's usage and output tokens into the call's run record (call_run.py) and reads the
+objective deduced for it there before each request.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
@@ -37,20 +41,37 @@ from parrot.serve.runtime.variable import Variable
 log = logging.getLogger(__name__)
 
 
+class RunRecord(Protocol):
+    """What a runner reads and writes of its call's run record. It is call_run.CallRun, declared
+    here by its fields because the record holds its runner (call_run imports this module)."""
+
+    objective: Objective
+    priority: int
+    num_attempts: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    finish_reasons: dict[str, str]
+    output_token_ids: dict[str, list[int]]
+    output_tokens: dict[str, list[tuple[int, float | None]]]
+
+
 class CallRunner:
     def __init__(
         self,
         session_id: str,
         call: CallNode,
+        run: RunRecord,
         variables: Mapping[str, Variable],
         engine: EngineHandle,
         on_output_set: Callable[[Variable], None],
         prefixes: PrefixContexts | None = None,
     ) -> None:
         self.call = call
+        self.record = run
         self.variables = variables
         self.engine = engine
-        suffix = f".r{call.num_attempts}" if call.num_attempts else ""
+        suffix = f".r{run.num_attempts}" if run.num_attempts else ""
         self.context_id = f"{session_id}.{call.call_id}{suffix}"
         self.on_output_set = on_output_set
         self.prefixes = prefixes
@@ -85,7 +106,9 @@ class CallRunner:
         block_tokens = prefixes.config.prefix_block_tokens
         token_ids, points = prompt_points(self.call, self.variables, self.engine.tokenizer, stop, block_tokens)
         early = not self.running
-        lease = await prefixes.lease(self.engine, self.call, token_ids, points, early)
+        lease = await prefixes.lease(
+            self.engine, self.call, token_ids, points, early, self.record.objective, self.record.priority
+        )
         if lease is not None:
             self._drop_lease()
             self.lease = lease
@@ -102,15 +125,15 @@ class CallRunner:
                 context_id=self.context_id,
                 token_ids=token_ids[num_parent_tokens:],
                 parent_context_id=None if parent is None else parent.context_id,
-                objective=self.call.objective,
-                priority=self.call.priority,
+                objective=self.record.objective,
+                priority=self.record.priority,
             )
         )
-        self.call.num_prompt_tokens += len(token_ids)
+        self.record.num_prompt_tokens += len(token_ids)
         if self.lease is not None and self.lease.hit_tokens:
             # The parent's last token is computed by our fill; the rest of the hit was reused.
             reused = result.num_tokens - result.num_filled_tokens - 1
-            self.call.num_cached_tokens = max(0, min(self.lease.hit_tokens - 1, reused))
+            self.record.num_cached_tokens = max(0, min(self.lease.hit_tokens - 1, reused))
         self.num_filled_pieces = stop
 
     async def _fill_tokens(self, token_ids: list[int]) -> None:
@@ -121,11 +144,11 @@ class CallRunner:
             FillRequest(
                 context_id=self.context_id,
                 token_ids=token_ids,
-                objective=self.call.objective,
-                priority=self.call.priority,
+                objective=self.record.objective,
+                priority=self.record.priority,
             )
         )
-        self.call.num_prompt_tokens += len(token_ids)
+        self.record.num_prompt_tokens += len(token_ids)
 
     async def run(self) -> None:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""
@@ -136,16 +159,16 @@ class CallRunner:
             if not self.has_context:
                 raise ParrotError(f"the prompt before output {name!r} is empty", field="template")
             var = self.variables[self.call.outputs[name]]
-            if var.value is not None and name in self.call.finish_reasons:
-                await self._fill_tokens(self.call.output_token_ids[name])  # set by an earlier run
+            if var.value is not None and name in self.record.finish_reasons:
+                await self._fill_tokens(self.record.output_token_ids[name])  # set by an earlier run
             else:
                 await self._generate(name, var)
             self.num_filled_pieces = stop + 1  # the generated tokens are in the context
 
     async def _generate(self, name: str, var: Variable) -> None:
         sampling = self.call.sampling[name]
-        generated = self.call.output_token_ids.setdefault(name, [])
-        streamed = self.call.output_tokens.setdefault(name, [])
+        generated = self.record.output_token_ids.setdefault(name, [])
+        streamed = self.record.output_tokens.setdefault(name, [])
         if generated:  # an earlier run was cut off: continue after its tokens
             await self._fill_tokens(generated)
             self._append_held_back_text(var, generated)
@@ -157,8 +180,8 @@ class CallRunner:
             GenerateRequest(
                 context_id=self.context_id,
                 sampling=sampling,
-                objective=self.call.objective,
-                priority=self.call.priority,
+                objective=self.record.objective,
+                priority=self.record.priority,
             )
         )
         finish_reason: str | None = None
@@ -168,7 +191,7 @@ class CallRunner:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
                         generated.append(event.token_id)
                     streamed.append((event.token_id, event.logprob))
-                    self.call.num_generated_tokens += 1
+                    self.record.num_generated_tokens += 1
                 if event.text:
                     var.append(event.text)
                 if event.finish_reason is not None:
@@ -188,7 +211,7 @@ class CallRunner:
         self._set_output(name, var, finish_reason)
 
     def _set_output(self, name: str, var: Variable, finish_reason: str) -> None:
-        self.call.finish_reasons[name] = finish_reason
+        self.record.finish_reasons[name] = finish_reason
         if not var.is_done:  # a deleted session failed it already
             var.set("".join(var.chunks))  # exactly the text streamed, across runs
             self.on_output_set(var)

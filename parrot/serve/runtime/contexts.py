@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from parrot.protocol.engine_api import FillRequest, FreeContextRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import (
     PointKind,
@@ -104,9 +105,12 @@ class PrefixContexts:
         token_ids: list[int],
         points: tuple[PrefixPoint, ...],
         early: bool,
+        objective: Objective,
+        priority: int,
     ) -> Lease | None:
         """Lease the longest cached prefix of `points` on `engine`, first creating the cache points
-        the policy picks; None when there is nothing to fork from."""
+        the policy picks (filled with the call's `objective` and `priority`); None when there is
+        nothing to fork from."""
         hit = self.cache.longest(engine.engine_id, points)
         hit_tokens = hit.num_tokens if hit is not None else 0
         include_deepest = early or (
@@ -121,7 +125,7 @@ class PrefixContexts:
             include_deepest=include_deepest,
         ):
             existing = self.cache.get(engine.engine_id, point.prefix_hash)
-            parent = existing or self._create(engine, parent, point, token_ids, call)
+            parent = existing or self._create(engine, parent, point, token_ids, objective, priority)
         if parent is None:
             return None
         self.cache.acquire(parent, time.monotonic())
@@ -143,7 +147,8 @@ class PrefixContexts:
         parent: PrefixEntry | None,
         point: PrefixPoint,
         token_ids: list[int],
-        call: CallNode,
+        objective: Objective,
+        priority: int,
     ) -> PrefixEntry:
         context_id = f"pfx-{next(self._ids)}-{point.prefix_hash[:12]}"
         entry = PrefixEntry(point.prefix_hash, engine.engine_id, context_id, point.num_tokens, parent)
@@ -156,8 +161,8 @@ class PrefixContexts:
             context_id=context_id,
             token_ids=token_ids[start : point.num_tokens],
             parent_context_id=None if parent is None else parent.context_id,
-            objective=call.objective,
-            priority=call.priority,
+            objective=objective,
+            priority=priority,
         )
         task = asyncio.get_running_loop().create_task(self._fill(engine, entry, request))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # waiters see the error

@@ -1,23 +1,30 @@
-"""Applies objective deduction (policy/objectives.py) to a session's graph."""
+"""Applies objective deduction (policy/objectives.py) to a session: the graph in, the calls' run
+records (call_run.py) updated."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from parrot.protocol.objective import Objective
 from parrot.serve.policy.objectives import DagCall, Deduction, deduce
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.graph import SessionGraph
 
 
-def apply_deductions(graph: SessionGraph, default: Objective, deduction: bool = True) -> list[str]:
+def apply_deductions(
+    graph: SessionGraph, runs: Mapping[str, CallRun], default: Objective, deduction: bool = True
+) -> list[str]:
     """Deduce the session's objectives (or, with `deduction` off, give every call `default`) and
-    store them on its CallNodes; returns the ids of the calls whose deduction changed."""
+    store them on the calls' run records; returns the ids of the calls whose deduction changed."""
     deduced = deduce_session(graph, default) if deduction else {}
     changed = []
-    for call in graph.calls.values():
-        d = deduced.get(call.call_id)
+    for call_id in graph.calls:
+        run = runs[call_id]
+        d = deduced.get(call_id)
         new = (d.objective, d.urgency, d.task_group, d.priority) if d else (default, None, None, 0)
-        if new != (call.objective, call.urgency, call.task_group, call.priority):
-            call.objective, call.urgency, call.task_group, call.priority = new
-            changed.append(call.call_id)
+        if new != (run.objective, run.urgency, run.task_group, run.priority):
+            run.objective, run.urgency, run.task_group, run.priority = new
+            changed.append(call_id)
     return changed
 
 

@@ -13,25 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from parrot.protocol.errors import ParrotError, conflict, not_found
-from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import CallSpec, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate
 from parrot.serve.runtime.variable import Variable
 
 
-class CallState(StrEnum):
-    WAITING = "waiting"  # some input not set yet (its ready prefix may be filled already)
-    RUNNING = "running"  # dispatched to an engine
-    DONE = "done"
-    FAILED = "failed"
-
-
 class CallNode:
-    """A semantic call. Graph fields are fixed at commit; the run fields belong to the executor."""
+    """A semantic call's structure, fixed at commit; its run state is its `CallRun` (call_run.py)."""
 
     def __init__(
         self,
@@ -50,36 +41,14 @@ class CallNode:
         self.sampling = sampling  # output name -> settings (every output has one)
         self.model = model
         self.name = name
-        # Run state (executor): token ids of each text piece (None for placeholders), filled at submit.
+        # Set by the manager between stage and commit, fixed after (like the fields above): they are
+        # the template's structure in tokens, the same for every run of the call, so they stay here
+        # and not with the run state (call_run.py). Token ids of each text piece (None for
+        # placeholders), made with the model's tokenizer at submit:
         self.piece_token_ids: list[list[int] | None] = []
-        self.state = CallState.WAITING
-        self.order = 0  # global submission order, set by the executor
-        self.engine_id: str | None = None  # the engine holding the call's context, once placed
-        self.num_fill_requested = 0  # leading pieces the executor asked to fill early
-        self.dispatched_at: float | None = None  # time.monotonic() when all inputs were ready and it ran
-        self.finished_at: float | None = None
-        # Usage, written by the runner.
-        self.num_prompt_tokens = 0
-        # Prompt tokens whose KV came from a cached prefix context filled by other calls (the
-        # runner knows it from the fork; contexts.py).
-        self.num_cached_tokens = 0
-        self.num_generated_tokens = 0
-        self.finish_reasons: dict[str, str] = {}  # output name -> the engine's finish reason
-        # Deduced objective (objectives.py; the executor writes it, status shows it).
-        self.objective = Objective.LATENCY
-        self.urgency: Criteria | None = None
-        self.task_group: str | None = None  # call id of the consumer its group feeds
-        self.priority = 0
         # Plain requests: token positions in the single text piece where chat messages end (prefix
         # points, prefix.py); None for semantic calls, whose points are the piece boundaries.
         self.message_boundaries: tuple[int, ...] | None = None
-        # Re-dispatch (an engine died): runs started, and each output's generated token ids so far
-        # (complete or not), so a re-run resumes instead of losing or repeating text.
-        self.num_attempts = 0
-        self.output_token_ids: dict[str, list[int]] = {}
-        # Every token each output streamed with its logprob, the EOS that ended it included (it is
-        # not in output_token_ids, which are the context's): what the OpenAI routes report per token.
-        self.output_tokens: dict[str, list[tuple[int, float | None]]] = {}
 
     @property
     def input_var_ids(self) -> list[str]:
@@ -100,13 +69,6 @@ class SessionGraph:
         self.variables: dict[str, Variable] = {}
         self.calls: dict[str, CallNode] = {}
         self._num_generated_var_ids = 0
-
-    def producer(self, var_id: str) -> CallNode | None:
-        call_id = self.variables[var_id].producer_call_id
-        return None if call_id is None else self.calls[call_id]
-
-    def consumers(self, var_id: str) -> list[CallNode]:
-        return [self.calls[c] for c in self.variables[var_id].consumer_call_ids]
 
     def stage(
         self,

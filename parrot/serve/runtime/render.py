@@ -2,8 +2,9 @@
 
 Constant text and each variable value are tokenized separately and concatenated, so a piece's
 tokens do not depend on its neighbours: the same template prefix always yields the same ids, which
-is what makes prefixes shareable at variable boundaries. Issue 4 computes prefix hashes over the
-lists built here (one hash per piece boundary).
+is what makes prefixes shareable at variable boundaries. contexts.prompt_points hashes the lists
+built here into prefix points (policy/prefix.py): one at each piece boundary (for a plain request,
+at chat-message and token-block boundaries).
 """
 
 from __future__ import annotations

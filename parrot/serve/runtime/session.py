@@ -2,7 +2,8 @@
 
 The registry owns every live session and the tombstones of deleted or expired ones (so a late
 request learns *why* its session is gone). Tokens are stored only as SHA-256 hashes. Mutated only on
-the manager's event loop.
+the manager's event loop. A session holds its DAG (`graph`) and its calls' run records (`runs`,
+created by the executor; call_run.py); both die with it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import OrderedDict
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.graph import SessionGraph
 
 _NUM_TOMBSTONES = 10_000
@@ -29,9 +31,9 @@ class Session:
         self.tenant = tenant
         self.token_hash = token_hash
         self.idle_timeout_s = idle_timeout_s
-        self.graph = SessionGraph()
-        self.created_at = time.monotonic()
-        self.last_active = self.created_at
+        self.graph = SessionGraph()  # the calls' and variables' structure
+        self.runs: dict[str, CallRun] = {}  # call_id -> the call's run state (call_run.py)
+        self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
 
     def touch(self) -> None:

@@ -38,7 +38,7 @@ class Variable:
         self.value: str | None = None
         self.error: ParrotError | None = None
         self.chunks: list[str] = []  # streamed text so far; joined, it is the value once set
-        # The strongest criteria a `get` asked for; objective deduction (issue 4) reads it.
+        # The strongest criteria a `get` asked for; objective deduction (deduction.py) reads it.
         self.criteria: Criteria | None = None
         self.token_ids: dict[int, list[int]] = {}  # id(tokenizer) -> the value's tokens, cached
         self._changed = asyncio.Event()

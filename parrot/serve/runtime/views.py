@@ -1,5 +1,5 @@
-"""What the scheduling policy sees: each waiting call's view (scheduler.CallView), kept by the
-executor, and the snapshot built from them and the engines.
+"""What the scheduling policy sees: each waiting call's view (policy.plan.CallView), kept on its
+run record (call_run.py), and the snapshot built from the records and the engines.
 
 A view is recomputed when its call is marked dirty (an input set or failed, a new deduced
 objective, an early fill). Its prefix points are computed then too, and noted in the prefix index
@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.plan import CallKey, CallView, EngineView, Snapshot
 from parrot.serve.policy.prefix import PrefixPoint
 from parrot.serve.runtime.analysis import failed_input, inputs_ready, num_ready_pieces
-from parrot.serve.runtime.call_runner import CallRunner
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.contexts import prompt_points
 from parrot.serve.runtime.engines import EnginePool
-from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.prefix_cache import PrefixCache
-from parrot.serve.runtime.session import Session
+from parrot.serve.runtime.variable import Variable
 
 
 class CallViews:
@@ -30,48 +29,41 @@ class CallViews:
         self.pool = pool
         self.config = config
         self.cache = cache
-        self._views: dict[CallKey, CallView] = {}
-        self._points: dict[CallKey, tuple[PrefixPoint, ...]] = {}  # of the ready prefix
-        self._ready_since: dict[CallKey, float] = {}
 
-    def update(self, key: CallKey, session: Session, call: CallNode, runner: CallRunner | None) -> None:
-        variables = session.graph.variables
+    def update(self, key: CallKey, variables: Mapping[str, Variable], run: CallRun) -> None:
+        """Compute the waiting call's view (and prefix points) into its record."""
+        call = run.call
         failed = failed_input(call, variables)
         ready = inputs_ready(call, variables)
         num_ready = num_ready_pieces(call, variables)
         now = time.monotonic()
-        if ready:
-            self._ready_since.setdefault(key, now)
+        if ready and run.ready_since is None:
+            run.ready_since = now
         points: tuple[PrefixPoint, ...] = ()
         if self.cache is not None and failed is None and num_ready > 0:
             tokenizer = self.pool.for_model(call.model).tokenizer
             _, points = prompt_points(call, variables, tokenizer, num_ready, self.config.prefix_block_tokens)
             self.cache.note_call(key, points)
-        self._points[key] = points
-        self._views[key] = CallView(
+        run.prefix_points = points
+        run.view = CallView(
             key=key,
             model=call.model,
-            order=call.order,
+            order=run.order,
             inputs_ready=ready,
             failed_var_id=None if failed is None else failed.var_id,
             num_ready_pieces=num_ready,
-            num_filled_pieces=call.num_fill_requested,
-            engine_id=call.engine_id,
-            objective=call.objective,
-            priority=call.priority,
-            task_group=None if call.task_group is None else f"{key[0]}/{call.task_group}",
-            pinned=runner is not None and runner.has_context,
-            ready_since=self._ready_since.get(key, now),
+            num_filled_pieces=run.num_fill_requested,
+            engine_id=run.engine_id,
+            objective=run.objective,
+            priority=run.priority,
+            task_group=None if run.task_group is None else f"{key[0]}/{run.task_group}",
+            pinned=run.runner is not None and run.runner.has_context,
+            ready_since=now if run.ready_since is None else run.ready_since,
         )
 
-    def drop(self, key: CallKey) -> None:
-        self._views.pop(key, None)
-        self._points.pop(key, None)
-        self._ready_since.pop(key, None)
-
-    def snapshot(self, running: Iterable[tuple[CallKey, str, CallNode]]) -> Snapshot:
+    def snapshot(self, runs: Mapping[CallKey, CallRun]) -> Snapshot:
         """The policy's input: every waiting call's view, every engine's, and where the running
-        calls (key, engine_id, call) of each task group and application are."""
+        calls of each task group and application are."""
         engines = tuple(
             EngineView(
                 h.engine_id,
@@ -88,12 +80,15 @@ class CallViews:
         )
         groups: dict[str, set[str]] = {}
         apps: dict[str, set[str]] = {}
-        for key, engine_id, call in running:
-            if call.task_group is not None:
-                groups.setdefault(f"{key[0]}/{call.task_group}", set()).add(engine_id)
-            apps.setdefault(key[0], set()).add(engine_id)
+        for (session_id, _), run in runs.items():
+            if run.slot is None:
+                continue
+            engine_id = run.slot.engine.engine_id
+            if run.task_group is not None:
+                groups.setdefault(f"{session_id}/{run.task_group}", set()).add(engine_id)
+            apps.setdefault(session_id, set()).add(engine_id)
         return Snapshot(
-            self.current(),
+            self.current(runs.values()),
             engines,
             self.config.early_fill,
             now=time.monotonic(),
@@ -102,13 +97,16 @@ class CallViews:
             app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
         )
 
-    def current(self) -> tuple[CallView, ...]:
-        """Every view, with its prefix hits as the index has them now."""
-        if self.cache is not None:
-            for key, points in self._points.items():
-                if points:
-                    hits = tuple(sorted(self.cache.hits(points).items()))
-                    view = self._views[key]
-                    if hits != view.prefix_hits:
-                        self._views[key] = dataclasses.replace(view, prefix_hits=hits)
-        return tuple(self._views.values())
+    def current(self, runs: Iterable[CallRun]) -> tuple[CallView, ...]:
+        """Every waiting call's view, with its prefix hits as the index has them now."""
+        views = []
+        for run in runs:
+            view = run.view
+            if view is None:
+                continue
+            if self.cache is not None and run.prefix_points:
+                hits = tuple(sorted(self.cache.hits(run.prefix_points).items()))
+                if hits != view.prefix_hits:
+                    view = run.view = dataclasses.replace(view, prefix_hits=hits)
+            views.append(view)
+        return tuple(views)
