@@ -4,17 +4,17 @@ executor's loop is not started, so every step and its effects are the test's).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fake_engine import FakeEngine
+from manager_harness import new_session, run_manager
 
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.manager import Manager, create_manager
+from parrot.serve.manager import Manager
 from parrot.serve.policy.plan import Dispatch, EarlyFill
 from parrot.serve.runtime.call_run import CallRun, CallState, EngineSlot
 from parrot.serve.runtime.graph import CallNode
@@ -23,25 +23,6 @@ from parrot.text import Tokenizer
 
 WAITING, RUNNING, DONE, FAILED = CallState.WAITING, CallState.RUNNING, CallState.DONE, CallState.FAILED
 TEMPLATE = "Say {{input:x}} now:{{output:o}}"
-
-
-def run_stepped(engine: FakeEngine, body: Callable[[Manager], Awaitable[None]]) -> None:
-    """A manager whose engines are registered but whose executor only moves when the test steps it."""
-
-    async def main() -> None:
-        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
-        await manager.pool.start()
-        try:
-            await body(manager)
-        finally:
-            await manager.stop()
-
-    asyncio.run(main())
-
-
-def new_session(manager: Manager) -> Session:
-    created = manager.create_session("key")
-    return manager.session(created.session_id, created.token)
 
 
 def submit_waiting(manager: Manager, session: Session) -> CallRun:
@@ -112,7 +93,7 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         await executor.drain()
         assert engine.contexts == {}
 
-    run_stepped(engine, body)
+    run_manager([engine], body, ManagerConfig(prefix_sharing=False), stepped=True)
 
 
 def test_requeue_resets_exactly_the_run_fields_of_one_attempt() -> None:
@@ -189,4 +170,4 @@ def test_dropping_a_session_removes_its_records_and_frees_their_contexts(default
         assert (handle.num_running_calls, handle.num_early_filled_calls) == (0, 1)
         assert list(engine.contexts) == [f"{kept.session_id}.c0"]
 
-    run_stepped(engine, body)
+    run_manager([engine], body, ManagerConfig(prefix_sharing=False), stepped=True)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from fake_engine import FakeEngine
+from manager_harness import new_session, run_manager
 
 from parrot.protocol.engine_api import (
     EngineStats,
@@ -23,9 +24,8 @@ from parrot.protocol.engine_api import (
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
-from parrot.serve.manager import Manager, create_manager
+from parrot.serve.manager import Manager
 from parrot.serve.policy.prefix import PointKind, PrefixPoint, prefix_points
-from parrot.serve.runtime.session import Session
 from parrot.text import Tokenizer
 
 STORY = " alpha beta gamma delta epsilon zeta eta theta iota kappa"
@@ -73,23 +73,6 @@ class MortalEngine(FakeEngine):
         return await super().stats()
 
 
-def run(engines: list[FakeEngine], config: ManagerConfig, body: Callable[[Manager], Awaitable[None]]) -> None:
-    async def main() -> None:
-        manager = create_manager(engines, config=config)
-        await manager.start()
-        try:
-            await body(manager)
-        finally:
-            await manager.stop()
-
-    asyncio.run(main())
-
-
-def session_of(manager: Manager) -> Session:
-    created = manager.create_session("key")
-    return manager.session(created.session_id, created.token)
-
-
 def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_folder: Path) -> None:
     tok = Tokenizer(default_model_folder)
     dying = MortalEngine(default_model_folder, continue_story, token_delay_s=0.01, die_after_tokens=4)
@@ -97,7 +80,7 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
     config = ManagerConfig(heartbeat_interval_s=0.05, engine_dead_after_s=0.3)
 
     async def body(manager: Manager) -> None:
-        session = session_of(manager)
+        session = new_session(manager)
         spec = CallSpec(template="Tell it. Story:{{output:s}}")
         manager.submit(session, SubmitRequest(calls=[spec]))
         chunks = [c async for c in await manager.stream_variable(session, "c0~s")]
@@ -111,7 +94,7 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
         )
         assert not manager.pool.handles["e0"].alive
 
-    run([dying, spare], config, body)
+    run_manager([dying, spare], body, config)
     n_prompt = len(tok.encode("Tell it. Story:"))
     context_id = next(c for _, op, c, _ in spare.log if op == "fill")
     assert context_id.endswith(".c0.r1")
@@ -134,7 +117,7 @@ def test_a_silent_engine_is_declared_dead_and_gets_no_more_calls(default_model_f
             assert time.monotonic() - died_at < 2.0
             await asyncio.sleep(0.01)
         assert time.monotonic() - died_at >= 0.25  # silent for engine_dead_after_s, not before
-        session = session_of(manager)
+        session = new_session(manager)
         calls = [CallSpec(template=f"Question {i}:{{{{output:a}}}}") for i in range(3)]
         manager.submit(session, SubmitRequest(calls=calls))
         for i in range(3):
@@ -142,7 +125,7 @@ def test_a_silent_engine_is_declared_dead_and_gets_no_more_calls(default_model_f
         assert {r.engine_id for r in session.runs.values()} == {"e0"}
         assert [h.model for h in manager.pool.alive] == ["fake"]
 
-    run(engines, config, body)
+    run_manager(engines, body, config)
 
 
 def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(default_model_folder: Path) -> None:
@@ -159,12 +142,12 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
 
     async def body(manager: Manager) -> None:
         for app in "ABC":  # in this order: A is the least recently used
-            session = session_of(manager)
+            session = new_session(manager)
             spec = CallSpec(template=systems[app] + "{{input:q}}:{{output:a}}", bindings={"q": Binding(value="q")})
             manager.submit(session, SubmitRequest(calls=[spec]))
             await manager.get_variable(session, "c0~a")
         # D's prefix is filled early and leased by its call, which waits for its input.
-        waiting = session_of(manager)
+        waiting = new_session(manager)
         manager.submit(
             waiting,
             SubmitRequest(
@@ -199,7 +182,7 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
         manager.set_variable(waiting, "later", "now")
         await manager.get_variable(waiting, "c0~a")
 
-    run([engine], config, body)
+    run_manager([engine], body, config)
     d_fill = [n for _, op, c, n in engine.log if op == "fill" and c.endswith(".c0")][-1]
     assert d_fill == len(tok.encode("now")) + len(tok.encode(":"))  # D forked from its leased prefix
 
@@ -233,14 +216,14 @@ def test_latency_calls_never_exceed_the_calibrated_cap(default_model_folder: Pat
             peak = max(peak, handle.num_latency_calls)
 
         manager.executor._apply = apply_and_watch  # type: ignore[method-assign]
-        session = session_of(manager)
+        session = new_session(manager)
         calls = [CallSpec(template=f"Question number {i} please:{{{{output:a}}}}") for i in range(12)]
         manager.submit(session, SubmitRequest(calls=calls))
         for i in range(12):
             await manager.get_variable(session, f"c{i}~a")
         assert peak == 5
 
-    run([engine], config, body)
+    run_manager([engine], body, config)
 
 
 def test_engines_added_while_serving_take_calls(default_model_folder: Path) -> None:
@@ -249,11 +232,11 @@ def test_engines_added_while_serving_take_calls(default_model_folder: Path) -> N
     async def body(manager: Manager) -> None:
         handle = await manager.add_engine(second, max_running_calls=4)
         assert [handle.engine_id, handle.max_running_calls] == ["e1", 4]
-        sessions = [session_of(manager) for _ in range(4)]  # four apps: spread by load
+        sessions = [new_session(manager) for _ in range(4)]  # four apps: spread by load
         for i, s in enumerate(sessions):
             manager.submit(s, SubmitRequest(calls=[CallSpec(template=f"Q{i}:{{{{output:a}}}}")]))
         for s in sessions:
             await manager.get_variable(s, "c0~a")
         assert [s.runs["c0"].engine_id for s in sessions] == ["e0", "e1", "e0", "e1"]
 
-    run([first], ManagerConfig(), body)
+    run_manager([first], body, ManagerConfig())

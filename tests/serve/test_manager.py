@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from fake_engine import FakeEngine
+from manager_harness import new_session, run_manager
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
-from parrot.serve.manager import Manager, create_manager
+from parrot.serve.manager import Manager
 from parrot.serve.runtime.session import Session
 
 
@@ -26,17 +27,10 @@ def run(
 ) -> FakeEngine:
     engine = FakeEngine(folder, **engine_kw)  # type: ignore[arg-type]
 
-    async def main() -> None:
-        manager = create_manager([engine], config=config)
-        await manager.start()
-        created = manager.create_session("key")
-        session = manager.session(created.session_id, created.token)
-        try:
-            await body(manager, session, engine)
-        finally:
-            await manager.stop()
+    async def with_session(manager: Manager) -> None:
+        await body(manager, new_session(manager), engine)
 
-    asyncio.run(main())
+    run_manager([engine], with_session, config)
     return engine
 
 

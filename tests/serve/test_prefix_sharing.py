@@ -6,18 +6,18 @@ only the rest. Switched off, every call fills its whole prompt.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fake_engine import FakeEngine
+from manager_harness import run_manager
 
 from parrot.protocol.objective import Criteria
 from parrot.protocol.openai_api import ChatCompletionRequest
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import ManagerConfig
 from parrot.serve.http.openai_routes import _OneCall
-from parrot.serve.manager import Manager, create_manager
+from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
 SYSTEM = "SYSTEM: You are a careful assistant who answers briefly and checks every fact twice. " * 2
@@ -28,15 +28,10 @@ def run(
 ) -> FakeEngine:
     engine = FakeEngine(folder, **kw)  # type: ignore[arg-type]
 
-    async def main() -> None:
-        manager = create_manager([engine], config=config)
-        await manager.start()
-        try:
-            await body(manager, engine)
-        finally:
-            await manager.stop()
+    async def with_engine(manager: Manager) -> None:
+        await body(manager, engine)
 
-    asyncio.run(main())
+    run_manager([engine], with_engine, config)
     return engine
 
 
