@@ -119,6 +119,7 @@ class OpenAIEngineClient:
         self._num_running = 0
         self._num_prefill_tokens = 0
         self._num_decode_tokens = 0
+        self._num_reused_tokens = 0  # the upstream's cached prompt tokens, as its usage reports them
         self._tpot_ms = 0.0
 
     async def aclose(self) -> None:
@@ -178,6 +179,7 @@ class OpenAIEngineClient:
             num_steps=0,
             num_prefill_tokens=self._num_prefill_tokens,
             num_decode_tokens=self._num_decode_tokens,
+            num_reused_tokens=self._num_reused_tokens,
         )
 
     # ---- the engine API ---------------------------------------------------------------------------
@@ -282,7 +284,9 @@ class OpenAIEngineClient:
                         yield event
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
-        self._num_prefill_tokens += _computed_prompt_tokens(usage, prompt_len)
+        num_computed, num_cached = _prompt_usage(usage, prompt_len)
+        self._num_prefill_tokens += num_computed
+        self._num_reused_tokens += num_cached
         if finished is None:
             raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
         yield finished
@@ -367,10 +371,11 @@ def _error_status(chunk: dict[str, Any]) -> int:
     return status if isinstance(status, int) and 400 <= status < 600 else 500
 
 
-def _computed_prompt_tokens(usage: dict[str, Any] | None, prompt_len: int) -> int:
-    """Prompt tokens the upstream computed: its usage less its cached tokens (all, if unreported)."""
+def _prompt_usage(usage: dict[str, Any] | None, prompt_len: int) -> tuple[int, int]:
+    """(computed, cached) prompt tokens as the upstream reports them: its prompt tokens less its
+    cached ones, and those (all computed, none cached, if it reports no usage)."""
     if usage is None or not isinstance(usage.get("prompt_tokens"), int):
-        return prompt_len
+        return prompt_len, 0
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return int(usage["prompt_tokens"]) - int(cached or 0)
+    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
+    return int(usage["prompt_tokens"]) - cached, cached

@@ -192,6 +192,7 @@ class LLMEngine:
                 num_steps=self._num_steps,
                 num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
+                num_reused_tokens=self.scheduler.num_reused_tokens,
                 step_ms_by_num_tokens=dict(self._step_ms),
                 native_kernels=self.native_kernels,
             )
@@ -335,10 +336,12 @@ class LLMEngine:
             ctx.num_computed += s.num_new
             if job.kind is JobKind.FILL:
                 job.num_filled += s.num_new - (s.sample_for is not None)  # not the handed-over token
-                self._num_prefill_tokens += s.num_new - (s.sample_for is not None)
                 self._end_fill_if_done(job)  # before a handed-over Generate appends its token
-            elif s.num_new > 1 or not s.sample:
-                self._num_prefill_tokens += s.num_new
+            # Prompt tokens computed: all of a fill's (a handed-over last token included) and of a
+            # generation that has not sampled yet; later, all but the previous step's sampled token
+            # (more than one only when a preempted context recomputes).
+            prompt_started = job.kind is JobKind.FILL or job.num_generated == 0
+            self._num_prefill_tokens += s.num_new if prompt_started else max(0, s.num_new - 1)
             if s.sample:
                 num_decode += 1
                 decoding = decoding or s.sample_for is None

@@ -87,8 +87,14 @@ class EngineStats(_Msg):
     num_waiting: int
     recent_time_per_output_token_ms: float
     num_steps: int
-    num_prefill_tokens: int  # total tokens computed by fills since start
-    num_decode_tokens: int  # total tokens generated since start
+    # Counters since start. Prefill: prompt tokens whose KV the engine computed (recomputation
+    # after preemption included). Decode: tokens it generated. Reused: prompt tokens a context
+    # took from elsewhere instead of computing them: a fork's share of its parent's computed
+    # tokens (builtin engine), or the upstream's reported cached prompt tokens (OpenAI-compatible
+    # adapter). Without preemption, a context's prompt tokens = its computed + its reused ones.
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_reused_tokens: int = 0
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.

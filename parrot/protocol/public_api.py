@@ -129,6 +129,11 @@ class EngineInfo(_Msg):
     num_cached_prefixes: int
     num_blocks_free: int
     num_blocks_total: int
+    # The engine's own counters since it started, as of its last heartbeat (EngineStats):
+    num_prefill_tokens: int = 0  # prompt tokens it computed
+    num_decode_tokens: int = 0  # tokens it generated
+    num_reused_tokens: int = 0  # prompt tokens it took from a cached prefix instead of computing
+    native_kernels: str = "none"  # builtin engine: which native CPU kernels run (or why none)
 
 
 class EngineList(_Msg):

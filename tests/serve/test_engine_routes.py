@@ -4,6 +4,7 @@ requests that reuse a cached system prompt (usage.prompt_tokens_details.cached_t
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -46,7 +47,18 @@ def test_register_and_list_engines(server: LiveServer) -> None:
 
         with ThreadPoolExecutor(4) as pool:
             assert len(list(pool.map(complete, range(4)))) == 4
-        assert extra.engine.engine.stats().num_decode_tokens > 0
+        own = extra.engine.engine.stats()
+        assert own.num_decode_tokens > 0
+        # /v1/engines shows the engine's own counters as of its last heartbeat (every 0.5 s).
+        counters = ("num_prefill_tokens", "num_decode_tokens", "num_reused_tokens", "native_kernels")
+        want = [getattr(own, c) for c in counters]
+        deadline = time.monotonic() + 10
+        while True:
+            shown = http.get("/v1/engines", headers=key).json()["engines"][1]
+            if [shown[c] for c in counters] == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [shown[c] for c in counters] == want
 
 
 def test_chat_requests_reuse_a_cached_system_prompt(server: LiveServer) -> None:

@@ -25,6 +25,7 @@ class Scheduler:
         self.config = config
         self.max_model_len = max_model_len
         self.contexts = contexts
+        self.num_reused_tokens = 0  # tokens forks took from their parents since start (engine stats)
         self.order_key = get_policy(config.policy, config.aging_s)
         self.waiting: list[Job] = []  # admitted, not started (or preempted)
         self.running: list[Job] = []  # started: holds blocks, makes progress each step
@@ -120,6 +121,7 @@ class Scheduler:
                 return ParrotError(f"parent context {job.fork_from!r} was freed", status=404, field="parent_context_id")
             del self.contexts.contexts[job.context_id]  # the placeholder made at submission
             ctx = self.contexts.create(job.context_id, parent)
+            self.num_reused_tokens += parent.num_computed  # shared KV, never computed for this fork
             job.fork_from = None
         if job.kind is JobKind.FILL:
             if len(ctx.tokens) + len(job.token_ids) > self.max_model_len:

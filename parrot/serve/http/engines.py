@@ -63,4 +63,8 @@ def _info(manager: Manager, h: EngineHandle) -> EngineInfo:
         num_cached_prefixes=len(manager.prefix_cache.entries(h.engine_id)),
         num_blocks_free=h.stats.num_blocks_free,
         num_blocks_total=h.stats.num_blocks_total,
+        num_prefill_tokens=h.stats.num_prefill_tokens,
+        num_decode_tokens=h.stats.num_decode_tokens,
+        num_reused_tokens=h.stats.num_reused_tokens,
+        native_kernels=h.stats.native_kernels,
     )
