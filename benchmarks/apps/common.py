@@ -20,6 +20,7 @@ from benchmarks import data
 from benchmarks.baselines import Networked
 from benchmarks.netsim import RoundTrip, RttSampler
 from parrot.frontend import AsyncSession, SamplingParams, SemanticFunction, SemanticVariable
+from parrot.protocol.template import escape_text
 from parrot.text import Tokenizer
 
 API_KEY = "bench"
@@ -169,8 +170,8 @@ class Corpus:
 
 
 def literal(text: str) -> str:
-    """Text safe to use as constant template text: `{{name}}` in data would parse as a placeholder."""
-    return text.replace("{{", "{ {").replace("}}", "} }")
+    """Text safe to use as constant template text (`{{` in data escaped): it renders as itself."""
+    return escape_text(text)
 
 
 # ---- the SDK side -------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ Syntax:
     {{output:name}}  an output SV, generated at this point of the prompt
     {{name}}         by position: the last plain placeholder is the output when the template names
                      no explicit output; every other plain placeholder is an input
-Names are identifiers (`[A-Za-z_][A-Za-z0-9_]*`). Other `{{ ... }}` text (JSON, code) is literal.
+Names are identifiers (`[A-Za-z_][A-Za-z0-9_]*`). Every other `{{` is an error naming its
+position (a typo must not silently become prompt text), unless escaped: `\\{{` is a literal `{{`
+(`escape_text` escapes any text for a template). In a run of braces the last `{{` opens the
+placeholder, so `{{{input:x}}}` is `{`, the input, `}`. `}}` alone is always literal.
 Only whitespace may follow the last output: text there would never reach the model.
 """
 
@@ -24,6 +27,50 @@ MAX_PLACEHOLDERS = 256
 
 # `{{ kind:name }}` or `{{ name }}`; kind is checked after the match so a typo is an error, not text.
 _PLACEHOLDER = re.compile(r"\{\{\s*(?:([A-Za-z_][A-Za-z0-9_]*)\s*:\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_OPEN = re.compile(r"\\\{\{|\{\{")  # an escaped `\{{` or a `{{`
+ESCAPE = "\\{{"
+
+
+def escape_text(text: str) -> str:
+    """`text` as constant template text: every `{{` escaped, so it parses back to `text` itself."""
+    return text.replace("{{", ESCAPE)
+
+
+def _malformed(template: str, pos: int, field: str) -> ParrotError:
+    line = template.count("\n", 0, pos) + 1
+    column = pos - (template.rfind("\n", 0, pos) + 1) + 1
+    snippet = template[pos : pos + 24]
+    return ParrotError(
+        f"malformed placeholder at character {pos} (line {line}, column {column}): {snippet!r}; "
+        "write {{input:name}}, {{output:name}} or {{name}}, or \\{{ for a literal {{",
+        field=field,
+    )
+
+
+def _scan(template: str, field: str) -> tuple[list[tuple[str, str | None, str]], str]:
+    """(text before, kind or None, name) per placeholder, and the text after the last one; escapes
+    resolved in the text. Raises ParrotError at the first `{{` that starts no placeholder."""
+    raw: list[tuple[str, str | None, str]] = []
+    text: list[str] = []
+    pos = 0
+    while (m := _OPEN.search(template, pos)) is not None:
+        text.append(template[pos : m.start()])
+        if m.group(0) == ESCAPE:
+            text.append("{{")
+            pos = m.end()
+            continue
+        start = m.start()
+        while template.startswith("{", start + 2):  # `{{{`: the last `{{` opens the placeholder
+            start += 1
+        text.append(template[m.start() : start])
+        pm = _PLACEHOLDER.match(template, start)
+        if pm is None:
+            raise _malformed(template, start, field)
+        raw.append(("".join(text), pm.group(1), pm.group(2)))
+        text = []
+        pos = pm.end()
+    text.append(template[pos:])
+    return raw, "".join(text)
 
 
 class PlaceholderKind(StrEnum):
@@ -62,18 +109,14 @@ class ParsedTemplate:
 
 def parse_template(template: str, field: str = "template") -> ParsedTemplate:
     """Split `template` into text and placeholders; raise ParrotError(400, field) if malformed."""
-    raw: list[tuple[str, str | None, str]] = []  # (text before, kind or None, name)
-    pos = 0
-    for m in _PLACEHOLDER.finditer(template):
-        kind = m.group(1)
+    raw, tail = _scan(template, field)
+    for _, kind, name in raw:
         if kind is not None and kind not in ("input", "output"):
             raise ParrotError(
-                f"unknown placeholder kind {kind!r} in {m.group(0)!r}: use {{{{input:name}}}} or {{{{output:name}}}}",
+                f"unknown placeholder kind {kind!r} in {{{{{kind}:{name}}}}}: "
+                "use {{input:name}} or {{output:name}}",
                 field=field,
             )
-        raw.append((template[pos : m.start()], kind, m.group(2)))
-        pos = m.end()
-    tail = template[pos:]
     if len(raw) > MAX_PLACEHOLDERS:
         raise ParrotError(f"template has {len(raw)} placeholders; the limit is {MAX_PLACEHOLDERS}", field=field)
 

@@ -10,6 +10,7 @@ from parrot.protocol.template import (
     Placeholder,
     PlaceholderKind,
     TextPiece,
+    escape_text,
     parse_template,
 )
 
@@ -59,10 +60,35 @@ def test_plain_placeholders_default_by_position() -> None:
     assert parsed.output_names == ("a",)
 
 
-def test_other_braces_are_literal_text() -> None:
-    parsed = parse_template('JSON {{"k": 1}} and {{ 1 + 2 }} then {{output:o}}')
+def test_escaped_braces_are_literal_text() -> None:
+    parsed = parse_template('JSON \\{{"k": 1}} and \\{{ 1 + 2 }} then {{output:o}}')
     assert parsed.pieces[0] == TextPiece('JSON {{"k": 1}} and {{ 1 + 2 }} then ')
     assert parsed.output_names == ("o",)
+    text = "code {{x}} and {{{{ and }} \\{{ end "
+    assert escape_text(text) == "code \\{{x}} and \\{{\\{{ and }} \\\\{{ end "
+    assert parse_template(escape_text(text) + "{{output:o}}").pieces[0] == TextPiece(text)
+
+
+def test_a_run_of_braces_opens_the_placeholder_at_its_last_pair() -> None:
+    parsed = parse_template('{"q": {{{input:q}}}} A:{{output:a}}')
+    assert parsed.pieces[:3] == (TextPiece('{"q": {'), Placeholder("q", IN), TextPiece("}} A:"))
+
+
+@pytest.mark.parametrize(
+    ("template", "position"),
+    [
+        ("Hi {{input:x {{output:y}}", "character 3 (line 1, column 4)"),  # unclosed
+        ('X {{"k": 1}} {{output:o}}', "character 2 (line 1, column 3)"),  # not a placeholder
+        ("a\nbc {{}} {{output:o}}", "character 5 (line 2, column 4)"),  # empty
+        ("A {{input:two words}} {{output:o}}", "character 2 (line 1, column 3)"),
+        ("A {{output:o}} {{", "character 15 (line 1, column 16)"),
+    ],
+)
+def test_malformed_placeholders_are_refused_naming_their_position(template: str, position: str) -> None:
+    with pytest.raises(ParrotError) as info:
+        parse_template(template, field="calls[0].template")
+    assert info.value.message.startswith(f"malformed placeholder at {position}")
+    assert [info.value.status, info.value.field] == [400, "calls[0].template"]
 
 
 @pytest.mark.parametrize(
