@@ -11,6 +11,7 @@ parrot demo    # embedded mode + the example applications on a public-domain doc
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 import threading
 import time
@@ -48,6 +49,15 @@ def _wait_forever(stop: object) -> None:
         stop()  # type: ignore[operator]
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def cmd_serve(a: argparse.Namespace) -> None:
     from parrot.launch import OpenAIUpstream, start_embedded
     from parrot.serve.config import ManagerConfig
@@ -56,11 +66,20 @@ def cmd_serve(a: argparse.Namespace) -> None:
     upstreams = [OpenAIUpstream(u, a.openai_model, a.openai_tokenizer, a.openai_api_key) for u in a.openai_engine]
     manager_config = ManagerConfig(
         api_keys=tuple(a.api_key),
+        operator_keys=tuple(a.operator_key),
+        engine_url_allowlist=tuple(a.engine_url_allow),
         policy=a.policy,
         prefix_sharing=not a.no_prefix_sharing,
         objective_deduction=not a.no_objective_deduction,
         tpot_target_ms=a.tpot_target_ms,
     )
+    if manager_config.open_access:
+        if not _is_loopback(a.host):
+            raise SystemExit(
+                f"refusing to serve on {a.host} without API keys: give --api-key / --operator-key, "
+                "or bind a loopback address (development mode)"
+            )
+        print("no API keys configured: development mode, any key is accepted (loopback only)", flush=True)
     emb = start_embedded(configs, a.engine_url, manager_config, a.host, a.port, upstreams)
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs)", flush=True)
     _wait_forever(emb.stop)
@@ -146,7 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--no-builtin", action="store_true", help="no builtin engine: only --engine-url / --openai-engine engines"
     )
-    p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    p.add_argument("--api-key", action="append", default=[], help="accepted tenant API key (repeatable)")
+    p.add_argument(
+        "--operator-key", action="append", default=[], help="operator API key: may also register/remove engines"
+    )
+    p.add_argument(
+        "--engine-url-allow", action="append", default=[], help="URL prefix an operator may register engines under"
+    )
     p.add_argument("--policy", default="app_centric", choices=["app_centric", "fifo"], help="scheduling policy")
     p.add_argument("--no-prefix-sharing", action="store_true", help="never fork calls from cached prefixes")
     p.add_argument("--no-objective-deduction", action="store_true", help="every call gets the default objective")

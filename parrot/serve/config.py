@@ -13,6 +13,12 @@ class ManagerConfig:
     # Tenants: API keys accepted by POST /v1/sessions and the OpenAI routes. Empty: any non-empty
     # key is accepted and names its own tenant (a development setting, like vLLM without --api-key).
     api_keys: tuple[str, ...] = ()
+    # Operators: keys that may also register and remove engines (POST/DELETE /v1/engines); they
+    # are tenants too. With no keys at all (development) any key may; with tenant keys and no
+    # operator keys, nobody may (engines come from the command line only).
+    operator_keys: tuple[str, ...] = ()
+    # Engine URLs an operator may register: prefixes such as "http://10.0.0." (empty: any http(s) URL).
+    engine_url_allowlist: tuple[str, ...] = ()
     session_idle_timeout_s: float = 600.0
     expiry_interval_s: float = 5.0
     max_sessions: int = 10_000
@@ -98,5 +104,11 @@ class ManagerConfig:
             raise ParrotError(
                 "need 0 <= prefix_evict_below_free <= prefix_evict_to_free <= 1", field="prefix_evict_below_free"
             )
-        if any(not k for k in self.api_keys):
-            raise ParrotError("api keys must be non-empty", field="api_keys")
+        for name in ("api_keys", "operator_keys"):
+            if any(not k for k in getattr(self, name)):
+                raise ParrotError(f"{name} must be non-empty strings", field=name)
+
+    @property
+    def open_access(self) -> bool:
+        """No key configured: any key is accepted (a development setting; loopback only)."""
+        return not self.api_keys and not self.operator_keys

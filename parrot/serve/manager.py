@@ -104,6 +104,22 @@ class Manager:
         self.executor.engines_changed()
         return handle
 
+    async def remove_engine(self, engine_id: str) -> EngineHandle:
+        """Stop scheduling onto an engine (operator's request): its calls move to the other engines
+        as on an engine's death, its cached prefixes leave the index, then its client is closed."""
+        handle = self.pool.handles.get(engine_id)
+        if handle is None:
+            raise not_found("engine", engine_id, "engine_id")
+        self.health.declare_dead(handle, "removed by an operator")
+        del self.pool.handles[engine_id]
+        self.executor.engines_changed()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.executor.drain(), timeout=10.0)  # frees on it end first
+        aclose = getattr(handle.client, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        return handle
+
     def _engine_died(self, handle: EngineHandle) -> None:
         self.executor.engine_died(handle.engine_id)
 

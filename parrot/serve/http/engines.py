@@ -11,6 +11,8 @@ shows each engine's liveness, load, calibrated latency cap and cached prefixes. 
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from fastapi import APIRouter, Request
 
 from parrot.protocol.engine_client import EngineConnector
@@ -21,7 +23,7 @@ from parrot.serve.manager import Manager
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.web.edge import BearerToken
 
-_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 409)}
+_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 403, 409)}
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=_ERRORS)
 
 
@@ -35,8 +37,9 @@ async def list_engines(api_key: BearerToken, manager: ManagerDep) -> EngineList:
 async def register_engine(
     req: RegisterEngineRequest, api_key: BearerToken, manager: ManagerDep, request: Request
 ) -> EngineInfo:
-    """Connect to an engine server and start scheduling calls onto it."""
-    manager.sessions.tenant_of(api_key)
+    """Connect to an engine server and start scheduling calls onto it (operators only)."""
+    manager.sessions.require_operator(api_key)
+    check_engine_url(req.url, manager.config.engine_url_allowlist)
     connect: EngineConnector | None = request.app.state.connect_engine
     if connect is None:
         raise ParrotError("this manager was started without engine registration", status=501, field="url")
@@ -49,6 +52,28 @@ async def register_engine(
             await aclose()
         raise
     return _info(manager, handle)
+
+
+@router.delete("/{engine_id}", response_model=EngineInfo, responses={404: {"model": ErrorResponse}})
+async def remove_engine(engine_id: str, api_key: BearerToken, manager: ManagerDep) -> EngineInfo:
+    """Stop scheduling onto an engine (operators only): its calls continue on the others."""
+    manager.sessions.require_operator(api_key)
+    return _info(manager, await manager.remove_engine(engine_id))
+
+
+def check_engine_url(url: str, allowlist: tuple[str, ...]) -> None:
+    """An http(s) URL with a host, under one of `allowlist`'s prefixes when there is one; 400 naming `url`."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises on a port that is not a number or out of range
+    except ValueError as e:
+        raise ParrotError(f"url {url!r} is not a valid URL: {e}", field="url") from e
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ParrotError(f"url {url!r} must be http:// or https:// with a host", field="url")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ParrotError(f"url {url!r} must have no credentials, query or fragment", field="url")
+    if allowlist and not any(url.startswith(prefix) for prefix in allowlist):
+        raise ParrotError(f"url {url!r} is not under an allowed engine URL ({len(allowlist)} configured)", field="url")
 
 
 def _info(manager: Manager, h: EngineHandle) -> EngineInfo:

@@ -9,6 +9,7 @@ created by the executor; call_run.py); both die with it.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import time
 from collections import OrderedDict
@@ -19,6 +20,14 @@ from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.graph import SessionGraph
 
 _NUM_TOMBSTONES = 10_000
+
+
+def _key_in(key: str, keys: tuple[str, ...]) -> bool:
+    """Constant-time membership: every configured key is compared, each in constant time."""
+    found = False
+    for k in keys:
+        found |= hmac.compare_digest(key.encode(), k.encode())
+    return found
 
 
 def _hash(token: str) -> str:
@@ -54,9 +63,19 @@ class SessionRegistry:
         """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
         if not api_key:
             raise ParrotError("missing API key: send `Authorization: Bearer <key>`", status=401, field="authorization")
-        if self.config.api_keys and api_key not in self.config.api_keys:
+        config = self.config
+        if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
         return "tenant-" + _hash(api_key)[:16]
+
+    def require_operator(self, api_key: str | None) -> None:
+        """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
+        self.tenant_of(api_key)
+        assert api_key is not None
+        if not self.config.open_access and not _key_in(api_key, self.config.operator_keys):
+            raise ParrotError(
+                "this needs an operator key (ManagerConfig.operator_keys)", status=403, field="authorization"
+            )
 
     def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
         if len(self.sessions) >= self.config.max_sessions:

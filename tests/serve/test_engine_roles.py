@@ -1,0 +1,111 @@
+"""Who may change the engines: operator keys register and remove them, tenant keys cannot; engine
+URLs are checked before any connection; a removed engine's calls finish on the others."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from engine_farm import farm
+from fake_engine import FakeEngine
+from live_server import live_server
+from manager_harness import new_session, run_manager
+
+from parrot.engine.async_engine import AsyncEngine
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve.config import ManagerConfig
+from parrot.serve.http.engines import check_engine_url
+from parrot.serve.manager import Manager
+from parrot.serve.runtime.session import SessionRegistry
+
+TENANT, OPERATOR = {"Authorization": "Bearer tenant"}, {"Authorization": "Bearer op"}
+
+
+def refusal(fn: object, *args: object) -> tuple[int, str | None]:
+    with pytest.raises(ParrotError) as info:
+        fn(*args)  # type: ignore[operator]
+    return info.value.status, info.value.field
+
+
+def test_keys_and_roles() -> None:
+    roles = SessionRegistry(ManagerConfig(api_keys=("tenant",), operator_keys=("op",)))
+    assert roles.tenant_of("tenant") != roles.tenant_of("op")  # an operator is a tenant too
+    assert refusal(roles.tenant_of, "nobody") == (401, "authorization")
+    assert refusal(roles.tenant_of, None) == (401, "authorization")
+    roles.require_operator("op")
+    assert refusal(roles.require_operator, "tenant") == (403, "authorization")
+    assert refusal(roles.require_operator, "nobody") == (401, "authorization")
+    # Tenant keys without operator keys: engines come from the command line only.
+    assert refusal(SessionRegistry(ManagerConfig(api_keys=("tenant",))).require_operator, "tenant") == (
+        403,
+        "authorization",
+    )
+    # No keys at all (development, loopback only): any key may.
+    SessionRegistry(ManagerConfig()).require_operator("anything")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "not a url",
+        "ftp://127.0.0.1:8100",
+        "http://",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:port",
+        "http://user:secret@127.0.0.1:8100",
+        "http://127.0.0.1:8100/?next=x",
+    ],
+)
+def test_engine_urls_are_checked_before_connecting(url: str) -> None:
+    assert refusal(check_engine_url, url, ()) == (400, "url")
+
+
+def test_engine_url_allowlist() -> None:
+    check_engine_url("http://127.0.0.1:8100", ("http://127.0.0.1:",))
+    assert refusal(check_engine_url, "http://10.0.0.9:8100", ("http://127.0.0.1:",)) == (400, "url")
+
+
+def test_only_operators_register_and_remove_engines(tiny_engine: AsyncEngine) -> None:
+    config = ManagerConfig(api_keys=("tenant",), operator_keys=("op",), max_running_calls_per_engine=8)
+    with (
+        live_server(tiny_engine, config) as srv,
+        farm(tiny_engine.model_folder, 1) as (extra,),
+        httpx.Client(base_url=srv.url, timeout=60) as http,
+    ):
+        body = {"url": extra.url}
+        denied = http.post("/v1/engines", json=body, headers=TENANT)
+        assert [denied.status_code, denied.json()["error"]["field"]] == [403, "authorization"]
+        bad = http.post("/v1/engines", json={"url": "gopher://127.0.0.1:1"}, headers=OPERATOR)
+        assert [bad.status_code, bad.json()["error"]["field"]] == [400, "url"]
+        added = http.post("/v1/engines", json=body, headers=OPERATOR)
+        assert [added.status_code, added.json()["engine_id"]] == [201, "e1"]
+        assert http.delete("/v1/engines/e1", headers=TENANT).status_code == 403
+        gone = http.delete("/v1/engines/e1", headers=OPERATOR)
+        assert [gone.status_code, gone.json()["engine_id"], gone.json()["alive"]] == [200, "e1", False]
+        missing = http.delete("/v1/engines/e7", headers=OPERATOR)
+        assert [missing.status_code, missing.json()["error"]["field"]] == [404, "engine_id"]
+        listed = http.get("/v1/engines", headers=TENANT).json()["engines"]
+        assert [e["engine_id"] for e in listed] == ["e0"]
+
+
+def test_a_removed_engines_calls_finish_on_the_others(tiny_model_folder: Path) -> None:
+    slow = FakeEngine(tiny_model_folder, responder=lambda p: " one two three four five six", token_delay_s=0.05)
+    spare = FakeEngine(tiny_model_folder, responder=lambda p: " one two three four five six")
+    sampling = SamplingParams(max_tokens=16, temperature=0.0)
+
+    async def body(manager: Manager) -> None:
+        session = new_session(manager)
+        spec = CallSpec(template="Count {{input:x}}:{{output:o}}", bindings={"x": Binding(value="up")})
+        manager.submit(session, SubmitRequest(calls=[spec.model_copy(update={"default_sampling": sampling})]))
+        while not any(c.startswith(session.session_id) for c in slow.busy):  # generating on e0
+            await asyncio.sleep(0.01)
+        await manager.remove_engine("e0")
+        assert list(manager.pool.handles) == ["e1"]
+        assert (await manager.get_variable(session, "c0~o")).value == " one two three four five six"
+        assert session.runs["c0"].engine_id == "e1"
+
+    run_manager([slow, spare], body, ManagerConfig(prefix_sharing=False, max_running_calls_per_engine=1))
