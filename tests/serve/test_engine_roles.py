@@ -109,3 +109,26 @@ def test_a_removed_engines_calls_finish_on_the_others(tiny_model_folder: Path) -
         assert session.runs["c0"].engine_id == "e1"
 
     run_manager([slow, spare], body, ManagerConfig(prefix_sharing=False, max_running_calls_per_engine=1))
+
+
+def test_without_a_live_engine_every_route_says_503_and_ready_tells(tiny_engine: AsyncEngine) -> None:
+    key = {"Authorization": "Bearer k"}  # development mode: any key is an operator
+    completion = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}
+    with (
+        live_server(tiny_engine, ManagerConfig()) as srv,
+        farm(tiny_engine.model_folder, 1) as (extra,),
+        httpx.Client(base_url=srv.url, timeout=60) as http,
+    ):
+        assert http.get("/ready").json() == {"status": "ready", "num_live_engines": 1, "models": ["tiny"]}
+        assert http.delete("/v1/engines/e0", headers=key).status_code == 200
+        assert http.get("/health").status_code == 200  # liveness: the manager itself answers
+        assert http.get("/ready").status_code == 503
+        assert http.post("/v1/completions", json=completion, headers=key).status_code == 503
+        session = http.post("/v1/sessions", headers=key).json()
+        auth = {"Authorization": f"Bearer {session['token']}"}
+        call = {"template": "Hi {{output:o}}"}
+        refused = http.post(f"/v1/sessions/{session['session_id']}/submit", json={"calls": [call]}, headers=auth)
+        assert [refused.status_code, refused.json()["error"]["message"].startswith("no live engine")] == [503, True]
+        assert http.post("/v1/engines", json={"url": extra.url}, headers=key).status_code == 201
+        assert http.get("/ready").json()["num_live_engines"] == 1
+        assert http.post("/v1/completions", json=completion, headers=key).status_code == 200

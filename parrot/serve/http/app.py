@@ -13,6 +13,8 @@ from fastapi import FastAPI
 
 import parrot
 from parrot.protocol.engine_client import EngineConnector
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import ErrorResponse
 from parrot.serve.http.engines import router as engines_router
 from parrot.serve.http.openai_routes import router as openai_router
 from parrot.serve.http.sessions import router as sessions_router
@@ -54,6 +56,15 @@ def create_app(
 
     @app.get("/health", tags=["health"])
     async def health() -> dict[str, str]:
+        """Liveness: the manager answers (engines may all be dead; see /ready)."""
         return {"status": "ok"}
+
+    @app.get("/ready", tags=["health"], responses={503: {"model": ErrorResponse}})
+    async def ready() -> dict[str, object]:
+        """Readiness: at least one live engine (503 otherwise, as every route that needs one)."""
+        alive = manager.pool.alive
+        if not alive:
+            raise ParrotError("no live engine: every engine is dead or removed", status=503)
+        return {"status": "ready", "num_live_engines": len(alive), "models": manager.pool.models}
 
     return app

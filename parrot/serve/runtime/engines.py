@@ -99,11 +99,16 @@ class EnginePool:
         return list(dict.fromkeys(h.model for h in self.alive))
 
     def resolve_model(self, model: str | None, field: str = "model") -> str:
-        if model is None:
-            return self.default_model
-        if model not in self.models:
-            raise ParrotError(f"unknown model {model!r}; served models: {self.models}", status=404, field=field)
-        return model
+        """The model a request names (None: the default); 404 for a model no engine serves, 503
+        while every engine of it is dead (no request is accepted that nothing could run)."""
+        name = self.default_model if model is None else model
+        if name in self.models:
+            return name
+        if not self.alive:
+            raise ParrotError("no live engine: every engine is dead or removed (see GET /ready)", status=503)
+        if any(h.model == name for h in self.handles.values()):
+            raise ParrotError(f"no live engine serves model {name!r} (see GET /ready)", status=503, field=field)
+        raise ParrotError(f"unknown model {name!r}; served models: {self.models}", status=404, field=field)
 
     def for_model(self, model: str) -> EngineHandle:
         """An engine of `model` (a live one if any): they share tokenizer and context length."""
