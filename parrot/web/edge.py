@@ -6,8 +6,10 @@ ParrotError's own shape plus the two keys OpenAI clients read, so one shape serv
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from parrot.protocol.errors import ParrotError
 
 bearer_scheme = HTTPBearer(auto_error=False)
+T = TypeVar("T")
 
 
 def error_body(error: ParrotError) -> dict[str, Any]:
@@ -107,3 +110,24 @@ def bearer_token(
 
 
 BearerToken = Annotated[str | None, Depends(bearer_token)]
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled (the waits
+    and the engine work behind it end) and ParrotError(499) is raised (nobody reads the answer)."""
+    done = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({done, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (done, watch):
+            task.cancel()
+        await asyncio.gather(done, watch, return_exceptions=True)
+    if done.cancelled():
+        raise ParrotError("the client disconnected", status=499)
+    return done.result()

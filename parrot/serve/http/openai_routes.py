@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -52,7 +52,7 @@ from parrot.serve.manager import Manager
 from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.session import Session
-from parrot.web.edge import BearerToken, error_body
+from parrot.web.edge import BearerToken, error_body, unless_disconnected
 
 _ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413)}
 router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
@@ -72,7 +72,7 @@ async def list_models(api_key: BearerToken, manager: ManagerDep) -> ModelList:
 
 @router.post("/completions", response_model=Completion)
 async def completions(
-    req: CompletionRequest, api_key: BearerToken, manager: ManagerDep
+    req: CompletionRequest, api_key: BearerToken, manager: ManagerDep, request: Request
 ) -> Completion | StreamingResponse:
     _refuse_unsupported(req, {"echo": req.echo, "suffix": req.suffix}, logprobs_zero_ok=True)
     if req.best_of not in (None, 1):
@@ -83,7 +83,7 @@ async def completions(
         run.token_report = _TokenReport(run, req.return_tokens_as_token_ids)
     if req.stream:
         return StreamingResponse(run.stream_sse(_completion_chunk), media_type="text/event-stream")
-    text, finish_reason, usage = await run.complete()
+    text, finish_reason, usage = await run.complete(request)
     logprobs = run.token_report.take(final=True) if run.token_report else None
     choice = CompletionChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
     return Completion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
@@ -91,7 +91,7 @@ async def completions(
 
 @router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(
-    req: ChatCompletionRequest, api_key: BearerToken, manager: ManagerDep
+    req: ChatCompletionRequest, api_key: BearerToken, manager: ManagerDep, request: Request
 ) -> ChatCompletion | StreamingResponse:
     _refuse_unsupported(req, {"top_logprobs": req.top_logprobs})
     model = manager.pool.resolve_model(req.model)
@@ -109,7 +109,7 @@ async def chat_completions(
     )
     if req.stream:
         return StreamingResponse(run.stream_sse(_chat_chunk), media_type="text/event-stream")
-    text, finish_reason, usage = await run.complete()
+    text, finish_reason, usage = await run.complete(request)
     choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
     return ChatCompletion(id=run.id, created=run.created, model=req.model, choices=[choice], usage=usage)
 
@@ -221,9 +221,10 @@ class _OneCall:
         reason = self.record.finish_reasons.get(_OUTPUT)
         return None if reason is None else _FINISH.get(reason, reason)
 
-    async def complete(self) -> tuple[str, str | None, Usage]:
+    async def complete(self, request: Request) -> tuple[str, str | None, Usage]:
+        """The whole answer; a client that disconnects first ends the call (its engine work stops)."""
         try:
-            await self.var.wait(_MAX_WAIT_S)
+            await unless_disconnected(request, self.var.wait(_MAX_WAIT_S))
             if self.var.error is not None:
                 raise self.var.error
             assert self.var.value is not None

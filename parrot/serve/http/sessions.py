@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from parrot.protocol.errors import ParrotError
@@ -33,7 +33,7 @@ from parrot.protocol.public_api import (
     VariableValue,
 )
 from parrot.serve.http.deps import ManagerDep, SessionDep
-from parrot.web.edge import BearerToken
+from parrot.web.edge import BearerToken, unless_disconnected
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 410, 413)
@@ -98,14 +98,16 @@ async def set_variable(
 
 @router.get("/{session_id}/variables/{var_id}", response_model=VariableValue)
 async def get_variable(
+    request: Request,
     var_id: str,
     session: SessionDep,
     manager: ManagerDep,
     criteria: Annotated[Criteria, Query()] = Criteria.LATENCY,
     timeout_s: Annotated[float, Query(gt=0, le=MAX_GET_TIMEOUT_S)] = 60.0,
 ) -> VariableValue:
-    """Wait until the variable is ready (408 after timeout_s); a failed variable answers with its error."""
-    return await manager.get_variable(session, var_id, criteria, timeout_s)
+    """Wait until the variable is ready (408 after timeout_s); a failed variable answers with its
+    error. A client that disconnects ends the wait (it no longer keeps the session alive)."""
+    return await unless_disconnected(request, manager.get_variable(session, var_id, criteria, timeout_s))
 
 
 @router.get(
