@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -60,10 +61,16 @@ class Manager:
         config: ManagerConfig | None = None,
     ) -> None:
         self.config = config or ManagerConfig()
+        # This run of the manager: in its engine context ids (a restarted manager never names an
+        # old run's context on a running engine) and its session tokens (an old run's token is
+        # told its session was lost, not that it is invalid).
+        self.run_id = secrets.token_hex(4)
         self.pool = EnginePool(engines, tokenizer_folder)
-        self.sessions = SessionRegistry(self.config)
+        self.sessions = SessionRegistry(self.config, self.run_id)
         self.prefix_cache = PrefixCache()
-        self.prefixes = PrefixContexts(self.prefix_cache, self.config) if self.config.prefix_sharing else None
+        self.prefixes = (
+            PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
+        )
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self._expiry_task: asyncio.Task[None] | None = None

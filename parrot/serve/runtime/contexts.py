@@ -91,9 +91,10 @@ async def free_with_retry(client: EngineClient, context_id: str, timeout_s: floa
 
 
 class PrefixContexts:
-    def __init__(self, cache: PrefixCache, config: ManagerConfig) -> None:
+    def __init__(self, cache: PrefixCache, config: ManagerConfig, run_id: str = "") -> None:
         self.cache = cache
         self.config = config
+        self.run_id = run_id  # the manager's run: prefix context ids never repeat across restarts
         self._fills: dict[int, asyncio.Task[None]] = {}  # id(entry) -> its fill in flight
         self._frees: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
@@ -150,7 +151,7 @@ class PrefixContexts:
         objective: Objective,
         priority: int,
     ) -> PrefixEntry:
-        context_id = f"pfx-{next(self._ids)}-{point.prefix_hash[:12]}"
+        context_id = f"pfx-{self.run_id}-{next(self._ids)}-{point.prefix_hash[:12]}"
         entry = PrefixEntry(point.prefix_hash, engine.engine_id, context_id, point.num_tokens, parent)
         entry.last_used = time.monotonic()
         self.cache.add(entry)

@@ -53,8 +53,9 @@ class Session:
 
 
 class SessionRegistry:
-    def __init__(self, config: ManagerConfig) -> None:
+    def __init__(self, config: ManagerConfig, run_id: str = "") -> None:
         self.config = config
+        self.run_id = run_id  # in every token: an earlier run's token is told its session was lost
         self.sessions: dict[str, Session] = {}
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
@@ -81,7 +82,7 @@ class SessionRegistry:
         if len(self.sessions) >= self.config.max_sessions:
             raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429)
         session_id = "s-" + secrets.token_hex(8)
-        token = "pst-" + secrets.token_urlsafe(32)
+        token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
         self.sessions[session_id] = session
         self._by_token_hash[session.token_hash] = session
@@ -100,6 +101,14 @@ class SessionRegistry:
             gone = self._tombstones.get(token_hash)
             if gone is not None:
                 raise ParrotError(f"session {gone[0]!r} was {gone[1]}", status=410, field="session_id")
+            run_id = token.removeprefix("pst-").partition(".")[0] if token.startswith("pst-") else None
+            if run_id is not None and run_id != self.run_id and "." in token:
+                raise ParrotError(
+                    f"session {session_id!r} was lost: the manager restarted since it was created "
+                    "(sessions are not persisted); start a new session",
+                    status=410,
+                    field="session_id",
+                )
             raise ParrotError("invalid session token", status=401, field="authorization")
         if session.session_id != session_id:
             if session_id in self.sessions:
