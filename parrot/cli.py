@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from parrot.engine.config import EngineConfig
 
@@ -42,11 +44,21 @@ def _engine_config(a: argparse.Namespace) -> EngineConfig:
     )
 
 
-def _wait_forever(stop: object) -> None:
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        stop()  # type: ignore[operator]
+def _wait_forever(stop: Callable[[], None]) -> None:
+    """Until SIGTERM or SIGINT, then `stop()` once (a second signal during it exits at once)."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stopping.is_set():
+            raise SystemExit(128 + signum)
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while not stopping.wait(1.0):
+        pass
+    print("shutting down: draining calls in flight, then closing sessions", flush=True)
+    stop()
 
 
 def _is_loopback(host: str) -> bool:
@@ -68,6 +80,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
         api_keys=tuple(a.api_key),
         operator_keys=tuple(a.operator_key),
         engine_url_allowlist=tuple(a.engine_url_allow),
+        shutdown_grace_s=a.shutdown_grace_s,
         policy=a.policy,
         prefix_sharing=not a.no_prefix_sharing,
         objective_deduction=not a.no_objective_deduction,
@@ -82,7 +95,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
         print("no API keys configured: development mode, any key is accepted (loopback only)", flush=True)
     emb = start_embedded(configs, a.engine_url, manager_config, a.host, a.port, upstreams)
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs)", flush=True)
-    _wait_forever(emb.stop)
+    _wait_forever(lambda: emb.stop(grace_s=None))
 
 
 def cmd_engine(a: argparse.Namespace) -> None:
@@ -171,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--engine-url-allow", action="append", default=[], help="URL prefix an operator may register engines under"
+    )
+    p.add_argument(
+        "--shutdown-grace-s", type=float, default=30.0, help="on SIGTERM/SIGINT, let calls in flight finish this long"
     )
     p.add_argument("--policy", default="app_centric", choices=["app_centric", "fifo"], help="scheduling policy")
     p.add_argument("--no-prefix-sharing", action="store_true", help="never fork calls from cached prefixes")

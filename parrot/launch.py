@@ -8,6 +8,7 @@ join through the adapter (`--openai-engine`, parrot/serve/openai_engine.py).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,8 +58,15 @@ class Embedded:
     def url(self) -> str:
         return self.server.url
 
-    def stop(self) -> None:
-        self.server.stop()  # the app's lifespan stops the manager
+    def stop(self, grace_s: float | None = 0.0) -> None:
+        """Stop; with `grace_s` (None: the manager's `shutdown_grace_s`), first refuse new work and
+        let calls in flight finish for that long. The app's lifespan then stops the manager: open
+        sessions close (pending gets and streams end with a 410 error) and engine contexts free."""
+        if grace_s is None or grace_s > 0:
+            asyncio.run_coroutine_threadsafe(self.manager.drain_in_flight(grace_s), self.server.loop).result()
+            # Before the server stops: open streams get their error event while connections last.
+            asyncio.run_coroutine_threadsafe(self.manager.close_sessions(), self.server.loop).result()
+        self.server.stop()
         for e in self.engines:
             e.stop()
 

@@ -34,6 +34,9 @@ class ManagerConfig:
     # A context is freed once the engine has finished the work queued on it (a generation whose
     # reader went away runs to its end); the free is retried with backoff for this long.
     free_timeout_s: float = 600.0
+    # Shutdown (SIGTERM/SIGINT): new work gets 503 while in-flight calls may finish for this long;
+    # then every session closes (pending gets and streams end with a 410 error) and contexts free.
+    shutdown_grace_s: float = 30.0
 
     # --- the paper's optimizations; each can be switched off (benchmarks measure them alone) ---
     # Prefix sharing (prefix.py, prefix_cache.py, contexts.py): calls fork from cached prefix
@@ -80,6 +83,7 @@ class ManagerConfig:
             "max_body_bytes",
             "max_running_calls_per_engine",
             "free_timeout_s",
+            "shutdown_grace_s",
             "min_prefix_tokens",
             "prefix_block_tokens",
             "tpot_target_ms",

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -74,6 +75,7 @@ class Manager:
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self._expiry_task: asyncio.Task[None] | None = None
+        self.draining = False  # shutting down: no new sessions or calls (503)
 
     async def start(self) -> None:
         await self.pool.start()
@@ -81,13 +83,33 @@ class Manager:
         self.health.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_loop(), name="parrot-session-expiry")
 
+    async def drain_in_flight(self, grace_s: float | None = None) -> int:
+        """Stop admitting work (503) and wait, at most `grace_s` (default: the config's), until no
+        call is in flight; returns the calls still in flight then (stop() ends them)."""
+        self.draining = True
+        deadline = time.monotonic() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
+        while (num := self.executor.num_in_flight()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if num:
+            log.warning("shutting down with %d calls still in flight: they end with 410", num)
+        return num
+
+    async def close_sessions(self) -> None:
+        """Close every session: pending gets and streams end with a 410 error, contexts free."""
+        self.draining = True
+        for session in list(self.sessions.sessions.values()):
+            await self.delete_session(session, "closed: the manager stopped")
+
+    def _admit(self) -> None:
+        if self.draining:
+            raise ParrotError("the manager is shutting down: no new work is accepted", status=503)
+
     async def stop(self) -> None:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
             await asyncio.gather(self._expiry_task, return_exceptions=True)
         await self.health.stop()
-        for session in list(self.sessions.sessions.values()):
-            await self.delete_session(session, "closed: the manager stopped")
+        await self.close_sessions()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.executor.drain(), timeout=10.0)
         if self.prefixes is not None:
@@ -142,6 +164,7 @@ class Manager:
     # --- sessions ---------------------------------------------------------------------------------
 
     def create_session(self, api_key: str | None, idle_timeout_s: float | None = None) -> SessionCreated:
+        self._admit()
         session, token = self.sessions.create(self.sessions.tenant_of(api_key), idle_timeout_s)
         return SessionCreated(session_id=session.session_id, token=token, idle_timeout_s=session.idle_timeout_s)
 
@@ -202,6 +225,7 @@ class Manager:
 
     def submit(self, session: Session, req: SubmitRequest, call_field_prefix: str = "calls") -> SubmitResponse:
         """Create the batch's variables, then its calls; all or nothing."""
+        self._admit()
         parsed = []
         for j, spec in enumerate(req.calls):
             at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""

@@ -77,3 +77,35 @@ def test_an_earlier_runs_session_token_is_told_its_session_was_lost(tiny_model_f
     with pytest.raises(ParrotError) as info:
         new.session(created.session_id, "pst-forged")
     assert info.value.status == 401
+
+
+@pytest.mark.parametrize(("grace_s", "finished"), [(10.0, True), (0.05, False)])
+def test_shutdown_drains_calls_in_flight_then_frees_everything(
+    tiny_model_folder: Path, grace_s: float, finished: bool
+) -> None:
+    engine = FakeEngine(tiny_model_folder, responder=lambda p: " one two three four five six", token_delay_s=0.03)
+
+    async def main() -> None:
+        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
+        await manager.start()
+        created = manager.create_session("key")
+        session = manager.session(created.session_id, created.token)
+        spec = CallSpec(template="Count:{{output:o}}", default_sampling=SamplingParams(max_tokens=16))
+        manager.submit(session, SubmitRequest(calls=[spec]))
+        while not engine.busy:  # generating
+            await asyncio.sleep(0.01)
+        drain = asyncio.ensure_future(manager.drain_in_flight(grace_s))
+        await asyncio.sleep(0)
+        with pytest.raises(ParrotError) as info:
+            manager.create_session("key")
+        assert info.value.status == 503  # no new work while draining
+        assert await drain == (0 if finished else 1)
+        await manager.stop()
+        var = session.graph.variables["c0~o"]
+        if finished:
+            assert var.value == " one two three four five six"
+        else:
+            assert var.error is not None and var.error.status == 410
+        assert engine.contexts == {}  # every context freed
+
+    asyncio.run(main())

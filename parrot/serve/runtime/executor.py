@@ -154,6 +154,14 @@ class GraphExecutor:
             self._retire(run)
         self._wake.set()
 
+    def num_in_flight(self) -> int:
+        """Calls running on an engine, or waiting with every input set (about to be dispatched)."""
+        return sum(
+            1
+            for run in self._runs.values()
+            if run.state is CallState.RUNNING or (run.state is CallState.WAITING and run.ready_since is not None)
+        )
+
     async def drain(self) -> None:
         """Until every context free in flight is done (frees wait for generations to end)."""
         await asyncio.gather(*self._frees, return_exceptions=True)
