@@ -127,3 +127,25 @@ def test_vllm_style_extensions_ignore_eos_and_top_k(server: LiveServer, client: 
     assert got.usage.completion_tokens == 24
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny", prompt=prompt, max_tokens=4, extra_body={"top_k": -1})
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"stop": [""]}, "stop"),
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
+        ({"stop": ["x" * 300]}, "stop"),
+        ({"seed": 2**63}, "seed"),
+    ],
+)
+def test_sampling_outside_the_limits_is_a_400_naming_the_field(
+    server: LiveServer, extra: dict[str, object], field: str
+) -> None:
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2, **extra}
+    for route, payload in (
+        ("/v1/completions", body),
+        ("/v1/chat/completions", {**body, "prompt": None, "messages": [{"role": "user", "content": "Hi"}]}),
+    ):
+        payload = {k: v for k, v in payload.items() if v is not None}
+        resp = httpx.post(server.url + route, json=payload, headers={"Authorization": "Bearer k"}, timeout=30)
+        assert [resp.status_code, resp.json()["error"]["field"].split(".")[0]] == [400, field], resp.text

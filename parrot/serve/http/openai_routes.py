@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.openai_api import (
@@ -184,7 +184,7 @@ class _OneCall:
         if max_tokens is None:  # chat default: whatever room the context leaves
             max_tokens = max(1, min(32768, engine.max_model_len - len(engine.tokenizer.encode(prompt))))
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        sampling = SamplingParams(
+        sampling = _sampling(
             max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
@@ -250,6 +250,16 @@ class _OneCall:
             yield "data: [DONE]\n\n"
         finally:
             await self.manager.delete_session(self.session, "closed")
+
+
+def _sampling(**fields: Any) -> SamplingParams:
+    """The request's sampling settings under the engines' limits: 400 naming the field, not a 500."""
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise ParrotError(f"{field}: {first['msg']}", field=field) from None
 
 
 class _TokenReport:
