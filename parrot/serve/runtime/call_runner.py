@@ -83,7 +83,6 @@ class CallRunner:
         self.has_context = False  # a fill was sent: the engine may hold the context
         self.num_filled_pieces = 0  # leading pieces whose prompt tokens are filled (or warmed)
         self.prompt_ids: list[int] = []  # the prompt tokens our context holds (before any output)
-        self.num_refills = 0  # times the context was started over because its early tokens changed
         self.counts_as_early_filled = False  # the executor's early-fill bookkeeping on the engine
         self.task: asyncio.Task[None] | None = None  # the executor's task now working for it
         self.engine_lost = False  # its engine died: the executor starts the call over
@@ -114,7 +113,6 @@ class CallRunner:
             await free_with_retry(self.engine.client, self.context_id, _REFILL_FREE_TIMEOUT_S)
             self.has_context = False
             self.prompt_ids = []
-            self.num_refills += 1
         if not self.has_context and self.prefixes is not None:
             await self._first_fill(self.prefixes, stop, token_ids, points)
             return
