@@ -1,11 +1,13 @@
 """Runs one semantic call on its engine through the engine API.
 
 A call owns one engine context, `<session_id>.<call_id>` (`.r<n>` on its n-th re-dispatch). Its
-prompt is filled piece by piece: an early fill may put the ready prefix there before the call's last
-inputs arrive; `run` fills the rest up to the first output, generates it, fills the text up to the
-next output, generates that, and so on (the generated tokens stay in the context, so later text
-continues after them). Each output variable is set the moment its generation ends, so its
-consumers can start while this call still generates its later outputs.
+prompt's tokens are the rendered prompt's (render.py): an early fill may put the stable tokens of
+the ready prefix there before the call's last inputs arrive; `run` fills the rest up to the first
+output (starting the context over, should the early tokens not be a prefix of the prompt's),
+generates it, fills the text up to the next output (tokenized on its own), generates that, and so
+on (the generated tokens stay in the context, so later text continues after them). Each output
+variable is set the moment its generation ends, so its consumers can start while this call still
+generates its later outputs.
 
 With prefix sharing, the context's first fill forks from a cached prefix context leased from
 `PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
