@@ -185,6 +185,7 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
         monkeypatch.setattr(Tokenizer, "stable_len", lambda self, text, end=None: len(text) if end is None else end)
     engine = PromptRecorder(default_model_folder)
     tok = engine.tokenizer
+    usage: list[int] = []
     system = "You are a planner who thinks in short numbered steps. " * 3
     rendered = system + "Problem: Plan a trip\nAnswer:"
     # A long constant prefix so that, with sharing, it is cached and the early fill only warms it.
@@ -199,10 +200,12 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
         await asyncio.sleep(0.02)
         manager.set_variable(session, "p", "Plan a trip")
         await manager.get_variable(session, "c0~a")
+        usage.append(session.runs["c0"].num_prompt_tokens)
 
     run_manager([engine], body, ManagerConfig(prefix_sharing=sharing, min_prefix_tokens=8))
     assert engine.prompts["c0"] == [tok.encode(rendered)]
     n_full = len(tok.encode(rendered))
+    assert usage == [n_full]  # a refill is not counted twice
     n_stable = len(tok.encode(system + "Problem:"))  # `ĠPlan` takes the space: the boundary is before it
     n_early = n_stable if conservative else n_stable + 1  # the patched rule also fills `Ġ`
     pfx = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]

@@ -114,6 +114,7 @@ class CallRunner:
             log.warning("call %s: refilling its prompt: the tokens filled early changed", self.call.call_id)
             await free_with_retry(self.engine.client, self.context_id, _REFILL_FREE_TIMEOUT_S)
             self.has_context = False
+            self.record.num_prompt_tokens -= len(self.prompt_ids)  # counted again when refilled
             self.prompt_ids = []
         if not self.has_context and self.prefixes is not None:
             await self._first_fill(self.prefixes, stop, token_ids, points)
