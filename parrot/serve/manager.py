@@ -47,7 +47,7 @@ from parrot.serve.runtime.executor import GraphExecutor
 from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
 from parrot.serve.runtime.prefix_cache import PrefixCache
-from parrot.serve.runtime.render import check_prompt_len, text_piece_token_ids
+from parrot.serve.runtime.render import check_prompt_len, encode_run
 from parrot.serve.runtime.session import Session, SessionRegistry
 from parrot.serve.runtime.variable import Variable
 
@@ -290,13 +290,11 @@ class Manager:
         for j, call in enumerate(staged.calls):
             engine = self.pool.for_model(call.model)
             if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
-                call.piece_token_ids = [list(prompt_token_ids), None]
-            else:
-                call.piece_token_ids = text_piece_token_ids(call.template, engine.tokenizer)
+                call.prompt_token_ids = list(prompt_token_ids)
             field = f"{prefix}[{j}].template" if prefix else "template"
             check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
             if message_prefixes is not None:  # a plain request: one text piece
-                prompt_ids = call.piece_token_ids[0] or []
+                prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
                 prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
                 call.message_boundaries = tuple(n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids))
         graph.commit(staged)

@@ -15,6 +15,12 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
+# The one pre-tokenizer rule that reads ahead of a pre-token's start: contractions (`'re`, `'ll`,
+# `'ve` in GPT-2's and Llama 3's regexes). A pre-token starting with an apostrophe closer than this
+# to the end may still become one ("x'r" + "e"); every other rule decides within the pre-token.
+_CONTRACTION_LEN = 3
+_WINDOW = 64  # characters of a text's tail pre-tokenized first to find its stable end (doubled as needed)
+
 
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
@@ -31,6 +37,8 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.vocab_size = self._tok.get_vocab_size()
+        # Added tokens are matched in the text before pre-tokenization (whatever the pre-tokenizer).
+        self._added = [t.content for t in self._tok.get_added_tokens_decoder().values() if len(t.content) > 1]
         template = cfg.get("chat_template")
         if template is None and (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
@@ -43,6 +51,48 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Plain text to ids, with no special tokens added (the prompt structure is ours)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids (as `encode`) and where each token's text ends in `text` (characters, nondecreasing;
+        the tokens of one multi-byte character all end after it)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [end for _, end in enc.offsets]
+
+    def stable_len(self, text: str, end: int | None = None) -> int:
+        """The longest prefix of text[:end], in characters, whose tokens no continuation can change:
+        for any `more`, the tokens of encode(text[:end] + more) that end within it are those of
+        encode(text[:end]) that do.
+
+        BPE never merges across pre-token boundaries, so it ends where the pre-tokens that may still
+        change begin: the last one (a word may go on; a run of spaces gives its last space to the
+        next word), an apostrophe that may begin a contraction, and a prefix of an added token at
+        the end. Without a pre-tokenizer it is 0: nothing is known to be stable."""
+        end = len(text) if end is None else end
+        pre = self._tok.pre_tokenizer
+        if pre is None or end == 0:
+            return 0
+        cut = self._pre_token_cut(pre, text, end)
+        for content in self._added:  # "...<|im_" may yet become <|im_end|>
+            for k in range(min(len(content) - 1, end), end - cut, -1):
+                if text.startswith(content[:k], end - k):
+                    cut = end - k
+                    break
+        return cut
+
+    def _pre_token_cut(self, pre: Any, text: str, end: int) -> int:
+        """Start of the first pre-token of text[:end] that may change (see stable_len). Pre-tokenizes
+        a tail window; its first pre-token may be cut short by the window, so it is never trusted."""
+        window = _WINDOW
+        while True:
+            begin = max(0, end - window)
+            spans = [span for _, span in pre.pre_tokenize_str(text[begin:end])]
+            trusted = spans if begin == 0 else spans[2:]  # spans[1] starts where a cut-short spans[0] ended
+            for start, stop in trusted:
+                if begin + stop >= end or (begin + start > end - _CONTRACTION_LEN and text[begin + start] in "'’"):
+                    return begin + start
+            if begin == 0:
+                return 0
+            window *= 2
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]

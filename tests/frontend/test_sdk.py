@@ -60,21 +60,13 @@ def test_multi_output_shared_variables_inline_values_and_natives(server: LiveSer
 
         joke_text, explanation_text = joke.get(), explanation.get()
         # Both outputs were generated in one context: the explanation continues after the joke.
-        prefix = tok.encode("Tell a joke about ") + tok.encode("cats") + tok.encode(".\nJoke:")
+        prefix = tok.encode("Tell a joke about cats.\nJoke:")
         assert joke_text == server.direct_generate(prefix, TINY)
         assert len(tok.encode(explanation_text)) <= 5 and explanation_text
-        assert (
-            first.get()
-            == second.get()
-            == server.direct_generate(tok.encode("React to ") + tok.encode(joke_text) + tok.encode(":"), TINY)
-        )
+        assert first.get() == second.get() == server.direct_generate(tok.encode(f"React to {joke_text}:"), TINY)
         assert loud.get() == explanation_text.upper() + "!!!"
-        assert after_native.get() == server.direct_generate(
-            tok.encode("React to ") + tok.encode(loud.get()) + tok.encode(":"), TINY
-        )
-        assert inline.get() == server.direct_generate(
-            tok.encode("React to ") + tok.encode("an inline value") + tok.encode(":"), TINY
-        )
+        assert after_native.get() == server.direct_generate(tok.encode(f"React to {loud.get()}:"), TINY)
+        assert inline.get() == server.direct_generate(tok.encode("React to an inline value:"), TINY)
         status = s.status()
         assert [status.num_calls, status.num_calls_done, status.num_calls_failed] == [5, 5, 0]
         names = {v.var_id: v.name for v in s.list_variables().variables}
@@ -130,10 +122,13 @@ def test_a_thousand_tiny_calls_in_one_session(server: LiveServer) -> None:
         outs = [react(f"item {i}") for i in range(1000)]
         consumers = [react(o) for o in outs[:10]]  # consumers of the first few
         values = [o.get() for o in outs]
-        assert len(values) == 1000 and all(values)
-        assert all(c.get() for c in consumers)
+        assert len(values) == 1000
+        consumed = [c.get() for c in consumers]
         status = s.status()
         assert [status.num_calls, status.num_calls_done] == [1010, 1010]
+        # Three tokens each (a value may still be empty: the random model can sample special tokens).
+        assert [c.num_generated_tokens for c in status.calls] == [3] * 1010
+        assert sum(map(bool, values + consumed)) > 900
         # Batched: 2,020 variables and 1,010 calls took a handful of submits.
         assert 1 <= s.core.transport.num_submits <= 20
     assert server.wait_blocks_free(blocks_free).num_blocks_free == blocks_free

@@ -57,14 +57,15 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
             None,
         )
 
-        # Waiting: its ready prefix ("Say ") is filled early on e0; it stays waiting there.
+        # Waiting: its ready prefix ("Say ") is filled early on e0, up to its stable end (the space
+        # merges into the value's first word); it stays waiting there.
         plan = executor.step()
         assert (plan.early_fill, plan.dispatch, plan.fail) == ((EarlyFill(key, "e0", 1),), (), ())
         assert run.view is not None and (run.view.inputs_ready, run.view.num_ready_pieces) == (False, 1)
         assert (run.state, run.engine_id, run.num_fill_requested, run.dirty) == (WAITING, "e0", 1, True)
         assert run.runner is not None and run.task is not None and handle.num_early_filled_calls == 1
         await settle(run)
-        assert (run.task, engine.contexts) == (None, {f"{key[0]}.c0": tok.encode("Say ")})
+        assert (run.task, engine.contexts) == (None, {f"{key[0]}.c0": tok.encode("Say")})
 
         # Its input is set: dispatched, counted in e0's load, out of the policy's sight.
         manager.set_variable(session, "x", "hello")
@@ -83,7 +84,7 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         assert (run.state, run.runner, run.slot, run.task) == (DONE, None, None, None)
         assert (handle.num_running_calls, handle.num_latency_calls) == (0, 0)
         answer = tok.encode(" NOW:")  # the fake engine echoes the prompt's last word; EOS on its last token
-        assert run.num_prompt_tokens == len(tok.encode("Say ") + tok.encode("hello") + tok.encode(" now:"))
+        assert run.num_prompt_tokens == len(tok.encode("Say hello now:"))
         assert (run.num_generated_tokens, run.num_cached_tokens, run.finish_reasons) == (len(answer), 0, {"o": "eos"})
         assert run.output_tokens == {"o": [(t, None) for t in answer]}
         assert run.output_token_ids == {"o": answer[:-1]}

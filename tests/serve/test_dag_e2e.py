@@ -1,5 +1,5 @@
 """A 3-level DAG (map, reduce, final rewrite) submitted in one go runs on the real engine with no
-client involvement between levels; prompts are rendered exactly as the paper's prompt structure."""
+client involvement between levels; each call's tokens are the tokenizer's for its rendered prompt."""
 
 from __future__ import annotations
 
@@ -59,19 +59,14 @@ def test_three_level_dag_runs_without_the_client(server: LiveServer) -> None:
         log = server.engine
         assert log.first("fill", ".c5") < log.first("generated", ".c4")
 
-        # The values are exactly what the engine produces for the rendered token ids.
+        # The values are exactly what the engine produces for the rendered prompts' token ids.
         tok = Tokenizer(server.engine.model_folder)
         map_values = [m.get() for m in maps]
-        expected_map0 = server.direct_generate(
-            tok.encode("Summarize this part: ") + tok.encode(chunks[0]) + tok.encode("\nSummary:"), SMALL
-        )
+        expected_map0 = server.direct_generate(tok.encode(f"Summarize this part: {chunks[0]}\nSummary:"), SMALL)
         assert map_values[0] == expected_map0
-        reduce_ids = tok.encode("Combine ") + tok.encode(map_values[0])
-        for value in map_values[1:]:
-            reduce_ids += tok.encode(" / ") + tok.encode(value)
-        reduce_ids += tok.encode(" into one summary:")
+        reduce_ids = tok.encode(f"Combine {' / '.join(map_values)} into one summary:")
         assert reduced.get() == server.direct_generate(reduce_ids, SMALL)
-        rewrite_ids = tok.encode("Rewrite for a child: ") + tok.encode(reduced.get()) + tok.encode(" Child version:")
+        rewrite_ids = tok.encode(f"Rewrite for a child: {reduced.get()} Child version:")
         assert final_text == server.direct_generate(rewrite_ids, SMALL)
         assert [calls[c].num_generated_tokens for c in sorted(calls)] == [4] * 6
     # Leaving the session deleted it; every context of its calls is back in the pool.

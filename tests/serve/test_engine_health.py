@@ -133,7 +133,8 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
     systems = {
         app: f"System prompt of application {app}: " + "be precise and short in every answer. " * 5 for app in "ABCD"
     }
-    blocks = {app: -(-len(tok.encode(s)) // 16) for app, s in systems.items()}
+    # Each cached prefix is its system prompt without the trailing space (it merges into the question).
+    blocks = {app: -(-len(tok.encode(s.rstrip())) // 16) for app, s in systems.items()}
     # Four cached prefixes leave 4 blocks free (below half); the target frees exactly A's and B's.
     num_blocks = sum(blocks.values()) + 4
     target = (4 + blocks["A"] + blocks["B"]) / num_blocks
@@ -188,7 +189,7 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
 
 
 def _points(manager: Manager, system: str) -> tuple[PrefixPoint, ...]:
-    ids = manager.pool.handles["e0"].tokenizer.encode(system)
+    ids = manager.pool.handles["e0"].tokenizer.encode(system.rstrip())
     return prefix_points("fake", ids, [(len(ids), PointKind.VARIABLE)])
 
 

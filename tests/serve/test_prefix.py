@@ -10,7 +10,6 @@ from parrot.serve.policy.prefix import (
     block_boundaries,
     chat_message_boundaries,
     choose_cache_points,
-    piece_boundaries,
     prefix_points,
 )
 
@@ -33,7 +32,6 @@ def test_a_hash_depends_only_on_the_model_and_the_tokens_before_it() -> None:
 
 
 def test_boundaries() -> None:
-    assert piece_boundaries([3, 0, 5, 2]) == [(3, V), (8, V), (10, V)]
     assert block_boundaries(130, 64) == [(64, B), (128, B)]
     assert block_boundaries(63, 64) == []
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]

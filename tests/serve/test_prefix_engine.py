@@ -40,8 +40,9 @@ def prefill_tokens(engine: AsyncEngine, config: ManagerConfig, body: Callable[[M
 def test_two_sessions_with_one_system_prompt_compute_it_once(tiny_engine: AsyncEngine) -> None:
     tok = Tokenizer(tiny_engine.model_folder)
     questions = ["When is the next release?", "Who reviews the changelog?"]
-    n_system = len(tok.encode(SYSTEM))
-    tails = [len(tok.encode(q)) + len(tok.encode("\nAnswer:")) for q in questions]
+    prompts = [tok.encode(SYSTEM + q + "\nAnswer:") for q in questions]
+    n_system = len(tok.encode(SYSTEM.rstrip()))  # its last space merges into the question's first word
+    tails = [len(p) - n_system for p in prompts]
     answers: dict[bool, list[str]] = {}
 
     def body(sharing: bool) -> Callable[[Manager], Awaitable[None]]:
@@ -70,10 +71,7 @@ def test_two_sessions_with_one_system_prompt_compute_it_once(tiny_engine: AsyncE
     # which the second call computes: a fill leaves its last token to the next request).
     assert shared == n_system + tails[0] + 1 + tails[1]
     assert plain == (n_system + tails[0]) + (n_system + tails[1])
-    expected = [
-        asyncio.run(reference(tiny_engine, tok.encode(SYSTEM) + tok.encode(q) + tok.encode("\nAnswer:"), GREEDY))
-        for q in questions
-    ]
+    expected = [asyncio.run(reference(tiny_engine, p, GREEDY)) for p in prompts]
     assert answers[True] == answers[False] == expected
 
 
@@ -108,14 +106,12 @@ def test_branches_of_a_generated_prefix_compute_it_once(tiny_engine: AsyncEngine
     assert reviews[False] == reviews[True]
     n_producer = len(tok.encode("Design a queue service:"))
     # Shared by the branches: everything up to the role.
-    n_shared = len(tok.encode("Notes: ")) + len(tok.encode(design)) + len(tok.encode("\nAs the "))
-    tails = [len(tok.encode(r)) + len(tok.encode(", review it:")) for r in roles]
+    prompts = [tok.encode(f"Notes: {design}\nAs the {r}, review it:") for r in roles]
+    n_shared = len(tok.encode(f"Notes: {design}\nAs the"))  # the space merges into the role
+    tails = [len(p) - n_shared for p in prompts]
     assert n_shared > 40
     # The shared prefix is computed once (all but its last token, which each branch computes).
     assert shared == n_producer + (n_shared - 1) + sum(1 + t for t in tails)
     assert plain == n_producer + sum(n_shared + t for t in tails)
-    prompt = tok.encode("Notes: ") + tok.encode(design) + tok.encode("\nAs the ")
-    expected = [
-        asyncio.run(reference(tiny_engine, prompt + tok.encode(r) + tok.encode(", review it:"), GREEDY)) for r in roles
-    ]
+    expected = [asyncio.run(reference(tiny_engine, p, GREEDY)) for p in prompts]
     assert got == expected

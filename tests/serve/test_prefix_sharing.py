@@ -53,9 +53,12 @@ async def ask(manager: Manager, template: str, **inputs: str) -> str:
 def test_two_sessions_with_one_long_system_prompt_fill_it_once(default_model_folder: Path) -> None:
     tok = Tokenizer(default_model_folder)
     template = SYSTEM + "{{input:q}} Answer:{{output:a}}"
-    n_system = len(tok.encode(SYSTEM))
-    rest = [len(tok.encode(q)) + len(tok.encode(" Answer:")) for q in ("first question", "second one")]
-    assert n_system >= 32
+    prompts = [tok.encode(SYSTEM + q + " Answer:") for q in ("first question", "second one")]
+    # The system prompt ends with a space, which merges into the question's first word: the shared
+    # prefix is the system prompt's tokens without it (the token boundary before the variable).
+    n_system = len(tok.encode(SYSTEM.rstrip()))
+    assert n_system >= 32 and prompts[0][:n_system] == prompts[1][:n_system] == tok.encode(SYSTEM.rstrip())
+    rest = [len(p) - n_system for p in prompts]
 
     async def body(manager: Manager, engine: FakeEngine) -> None:
         assert await ask(manager, template, q="first question") == " ANSWER:"
@@ -99,12 +102,13 @@ def test_branches_of_a_generated_shared_prefix_fill_it_once(default_model_folder
 
     engine = run(default_model_folder, body, ManagerConfig(), responder=responder)
     # The longest prefix the branches share runs up to their first difference, the role.
-    n_shared = len(tok.encode("Notes: ")) + len(tok.encode(design)) + len(tok.encode("\nAs the "))
-    tails = {
-        f"c{i}": len(tok.encode(r)) + len(tok.encode(", review it:")) for i, r in zip((1, 2, 3), roles, strict=True)
-    }
+    # The space before the role merges into the role's first word, so the shared tokens end before it.
+    n_shared = len(tok.encode("Notes: " + design + "\nAs the"))
+    prompts = [tok.encode(f"Notes: {design}\nAs the {r}, review it:") for r in roles]
+    assert all(p[:n_shared] == prompts[0][:n_shared] for p in prompts)
+    tails = {f"c{i}": len(p) - n_shared for i, p in zip((1, 2, 3), prompts, strict=True)}
     got = fills(engine)
-    # The producer's prompt, then the shared "Notes: <design>\nAs the " once, then each role's tail.
+    # The producer's prompt, then the shared "Notes: <design>\nAs the" once, then each role's tail.
     assert got[0] == ("c0", len(tok.encode("Design:")))
     assert got[1] == ("pfx", n_shared)
     assert sorted(got[2:]) == sorted(tails.items())

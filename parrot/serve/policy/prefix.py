@@ -5,7 +5,9 @@ A *prefix point* is a position in a prompt (a token count) with the prefix hash 
 before it. Points sit at each Semantic Variable boundary (the end of every text piece and of every
 input value, so prefixes built from generated values are found too, as in multi-agent apps whose
 roles share a generated design), and, for plain OpenAI-compatible requests, at chat-message
-boundaries and every `block_tokens` tokens (as vLLM's automatic prefix caching does).
+boundaries and every `block_tokens` tokens (as vLLM's automatic prefix caching does). The prompt
+is tokenized whole, so a variable boundary falls at a token boundary near it: runtime/render.py
+says which (the nearest at or before it, and the stable one).
 
 The hash of a point depends only on the model and the tokens before it, never on where other
 boundaries fell: tokens are chained in fixed groups of `_GROUP` and the tail is hashed with its
@@ -25,7 +27,7 @@ _GROUP = 16  # tokens per link of the hash chain
 
 
 class PointKind(StrEnum):
-    VARIABLE = "variable"  # end of a template piece (constant text or a variable's value)
+    VARIABLE = "variable"  # at the end of a template piece (constant text or a variable's value)
     MESSAGE = "message"  # end of a chat message (plain chat requests)
     BLOCK = "block"  # a fixed token-block boundary (plain requests)
 
@@ -65,17 +67,6 @@ def prefix_points(
         digest = chain[n // _GROUP] if n == base else _digest(chain[n // _GROUP], token_ids[base:n], tail=True)
         out.append(PrefixPoint(n, digest.hex(), kinds[n]))
     return tuple(out)
-
-
-def piece_boundaries(piece_lens: Sequence[int]) -> list[tuple[int, PointKind]]:
-    """Semantic Variable boundaries: the end of each non-empty piece."""
-    out: list[tuple[int, PointKind]] = []
-    total = 0
-    for n in piece_lens:
-        total += n
-        if n:
-            out.append((total, PointKind.VARIABLE))
-    return out
 
 
 def block_boundaries(num_tokens: int, block_tokens: int) -> list[tuple[int, PointKind]]:

@@ -17,7 +17,9 @@ from parrot.serve.runtime.variable import Variable
 def num_ready_pieces(call: CallNode, variables: Mapping[str, Variable]) -> int:
     """How many leading pieces before the first output have known content (text, or a set input).
 
-    These may be filled into the engine before the call's other inputs arrive (pipelining).
+    These may be filled into the engine before the call's other inputs arrive (pipelining): their
+    rendered text's stable tokens (render.render_prompt), since the tokens at its end may yet merge
+    with what follows.
     """
     pieces = call.template.pieces
     for i, piece in enumerate(pieces):

@@ -1,11 +1,13 @@
 """Runs one semantic call on its engine through the engine API.
 
 A call owns one engine context, `<session_id>.<call_id>` (`.r<n>` on its n-th re-dispatch). Its
-prompt is filled piece by piece: an early fill may put the ready prefix there before the call's last
-inputs arrive; `run` fills the rest up to the first output, generates it, fills the text up to the
-next output, generates that, and so on (the generated tokens stay in the context, so later text
-continues after them). Each output variable is set the moment its generation ends, so its
-consumers can start while this call still generates its later outputs.
+prompt's tokens are the rendered prompt's (render.py): an early fill may put the stable tokens of
+the ready prefix there before the call's last inputs arrive; `run` fills the rest up to the first
+output (starting the context over, should the early tokens not be a prefix of the prompt's),
+generates it, fills the text up to the next output (tokenized on its own), generates that, and so
+on (the generated tokens stay in the context, so later text continues after them). Each output
+variable is set the moment its generation ends, so its consumers can start while this call still
+generates its later outputs.
 
 With prefix sharing, the context's first fill forks from a cached prefix context leased from
 `PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
@@ -32,13 +34,16 @@ from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
+from parrot.serve.policy.prefix import PrefixPoint
 from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
-from parrot.serve.runtime.render import check_prompt_len, pieces_token_ids, stages
+from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
+
+_REFILL_FREE_TIMEOUT_S = 30.0  # freeing our own context before a refill: no generation runs on it
 
 
 class RunRecord(Protocol):
@@ -78,7 +83,8 @@ class CallRunner:
         self.lease: Lease | None = None  # the cached prefix our context forks (or will fork) from
         self.running = False  # set by `run`; before it, fills are early fills
         self.has_context = False  # a fill was sent: the engine may hold the context
-        self.num_filled_pieces = 0
+        self.num_filled_pieces = 0  # leading pieces whose prompt tokens are filled (or warmed)
+        self.prompt_ids: list[int] = []  # the prompt tokens our context holds (before any output)
         self.counts_as_early_filled = False  # the executor's early-fill bookkeeping on the engine
         self.task: asyncio.Task[None] | None = None  # the executor's task now working for it
         self.engine_lost = False  # its engine died: the executor starts the call over
@@ -91,27 +97,44 @@ class CallRunner:
         self.engine_lost = False
 
     async def fill_to(self, stop: int) -> None:
-        """Fill pieces [num_filled_pieces, stop) (all known) into the context."""
-        start = self.num_filled_pieces
-        if stop <= start:
+        """Fill the prompt of pieces[:stop] (all known; stop <= the first output): all of it when
+        `stop` is the first output, else its stable tokens (render.render_prompt)."""
+        if stop <= self.num_filled_pieces:
             return
+        tokenizer = self.engine.tokenizer
+        points: tuple[PrefixPoint, ...] = ()
+        if self.prefixes is None:
+            token_ids = render_prompt(self.call, self.variables, tokenizer, stop).token_ids
+        else:
+            block_tokens = self.prefixes.config.prefix_block_tokens
+            token_ids, points = prompt_points(self.call, self.variables, tokenizer, stop, block_tokens)
+        if self.has_context and token_ids[: len(self.prompt_ids)] != self.prompt_ids:
+            # What an earlier fill put in our context is not a prefix of the prompt's tokens (the
+            # stable rule should prevent it): never generate from wrong tokens, start the context over.
+            log.warning("call %s: refilling its prompt: the tokens filled early changed", self.call.call_id)
+            await free_with_retry(self.engine.client, self.context_id, _REFILL_FREE_TIMEOUT_S)
+            self.has_context = False
+            self.record.num_prompt_tokens -= len(self.prompt_ids)  # counted again when refilled
+            self.prompt_ids = []
         if not self.has_context and self.prefixes is not None:
-            await self._first_fill(self.prefixes, stop)
+            await self._first_fill(self.prefixes, stop, token_ids, points)
             return
-        await self._fill_tokens(pieces_token_ids(self.call, self.variables, self.engine.tokenizer, start, stop))
+        await self._fill_tokens(token_ids[len(self.prompt_ids) :])
+        self.prompt_ids = token_ids
         self.num_filled_pieces = stop
 
-    async def _first_fill(self, prefixes: PrefixContexts, stop: int) -> None:
+    async def _first_fill(
+        self, prefixes: PrefixContexts, stop: int, token_ids: list[int], points: tuple[PrefixPoint, ...]
+    ) -> None:
         """Fork our context from the longest cached prefix (creating the ones worth caching)."""
-        block_tokens = prefixes.config.prefix_block_tokens
-        token_ids, points = prompt_points(self.call, self.variables, self.engine.tokenizer, stop, block_tokens)
         early = not self.running
         lease = await prefixes.lease(
             self.engine, self.call, token_ids, points, early, self.record.objective, self.record.priority
         )
-        if lease is not None:
-            self._drop_lease()
-            self.lease = lease
+        # A lease from an earlier (early) fill is kept only while it is still a prefix of ours; when
+        # it is, the new lease holds it or a longer one.
+        self._drop_lease()
+        self.lease = lease
         if early and (self.lease is not None or (points and prefixes.cache.num_sharers(points[-1].prefix_hash) > 1)):
             return  # warmed (or siblings share this prefix and may share what follows): wait
         parent = self.lease.entry if self.lease is not None else None
@@ -129,6 +152,7 @@ class CallRunner:
                 priority=self.record.priority,
             )
         )
+        self.prompt_ids = token_ids
         self.record.num_prompt_tokens += len(token_ids)
         if self.lease is not None and self.lease.hit_tokens:
             # The parent's last token is computed by our fill; the rest of the hit was reused.
@@ -154,8 +178,12 @@ class CallRunner:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""
         self.running = True
         check_prompt_len(self.call, self.variables, self.engine.tokenizer, self.engine.max_model_len, field="prompt")
-        for _, stop, name in stages(self.call.template):
-            await self.fill_to(stop)
+        tokenizer = self.engine.tokenizer
+        for i, (start, stop, name) in enumerate(stages(self.call.template)):
+            if i == 0:
+                await self.fill_to(stop)
+            else:  # the text after an output, tokenized on its own (render.py)
+                await self._fill_tokens(segment_token_ids(self.call, self.variables, tokenizer, start, stop))
             if not self.has_context:
                 raise ParrotError(f"the prompt before output {name!r} is empty", field="template")
             var = self.variables[self.call.outputs[name]]
@@ -232,6 +260,8 @@ class CallRunner:
     async def free(self, timeout_s: float) -> None:
         """Release the context (retried while the engine finishes work queued on it) and the lease."""
         self._drop_lease()
+        self.call.encodings.clear()
+        self.prompt_ids = []
         if not self.has_context:
             return
         if self.engine.alive:

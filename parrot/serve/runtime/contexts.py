@@ -32,13 +32,12 @@ from parrot.serve.policy.prefix import (
     PrefixPoint,
     block_boundaries,
     choose_cache_points,
-    piece_boundaries,
     prefix_points,
 )
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.prefix_cache import EntryState, MemoryView, PrefixCache, PrefixEntry, plan_evictions
-from parrot.serve.runtime.render import pieces_token_ids
+from parrot.serve.runtime.render import render_prompt
 from parrot.serve.runtime.variable import Variable
 from parrot.text import Tokenizer
 
@@ -54,15 +53,12 @@ class Lease:
 def prompt_points(
     call: CallNode, variables: Mapping[str, Variable], tokenizer: Tokenizer, stop: int, block_tokens: int
 ) -> tuple[list[int], tuple[PrefixPoint, ...]]:
-    """The token ids of pieces[:stop] (all known) and their prefix points."""
-    token_ids: list[int] = []
-    lens: list[int] = []
-    for i in range(stop):
-        ids = pieces_token_ids(call, variables, tokenizer, i, i + 1)
-        token_ids += ids
-        lens.append(len(ids))
+    """The token ids of pieces[:stop] (all known) that may be filled now (render.render_prompt) and
+    their prefix points."""
+    prompt = render_prompt(call, variables, tokenizer, stop)
+    token_ids = prompt.token_ids
     if call.message_boundaries is None:
-        boundaries = piece_boundaries(lens)
+        boundaries = [(n, PointKind.VARIABLE) for n in prompt.boundaries]
     else:
         boundaries = [(n, PointKind.MESSAGE) for n in call.message_boundaries if 0 < n <= len(token_ids)]
         boundaries += block_boundaries(len(token_ids), block_tokens)

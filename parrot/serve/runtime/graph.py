@@ -21,6 +21,16 @@ from parrot.protocol.template import ParsedTemplate
 from parrot.serve.runtime.variable import Variable
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A run of known pieces rendered as one string and tokenized (render.encode_run)."""
+
+    text: str
+    token_ids: list[int]
+    token_ends: list[int]  # where each token's text ends in `text` (empty: tokens given by the client)
+    piece_ends: list[int]  # where each piece's text ends in `text`
+
+
 class CallNode:
     """A semantic call's structure, fixed at commit; its run state is its `CallRun` (call_run.py)."""
 
@@ -41,11 +51,12 @@ class CallNode:
         self.sampling = sampling  # output name -> settings (every output has one)
         self.model = model
         self.name = name
-        # Set by the manager between stage and commit, fixed after (like the fields above): they are
-        # the template's structure in tokens, the same for every run of the call, so they stay here
-        # and not with the run state (call_run.py). Token ids of each text piece (None for
-        # placeholders), made with the model's tokenizer at submit:
-        self.piece_token_ids: list[list[int] | None] = []
+        # Plain requests sent as token ids: the one text piece's tokens, filled as given (never
+        # re-tokenized). Set by the manager between stage and commit, fixed after.
+        self.prompt_token_ids: list[int] | None = None
+        # A cache (render.encode_run): (id(tokenizer), start) -> (stop, the rendered pieces[start:stop]
+        # tokenized). Values never change once set, so an entry stays valid; the runner clears it.
+        self.encodings: dict[tuple[int, int], tuple[int, Encoded]] = {}
         # Plain requests: token positions in the single text piece where chat messages end (prefix
         # points, prefix.py); None for semantic calls, whose points are the piece boundaries.
         self.message_boundaries: tuple[int, ...] | None = None

@@ -25,7 +25,6 @@ class Variable:
         "error",
         "name",
         "producer_call_id",
-        "token_ids",
         "value",
         "var_id",
     )
@@ -40,7 +39,6 @@ class Variable:
         self.chunks: list[str] = []  # streamed text so far; joined, it is the value once set
         # The strongest criteria a `get` asked for; objective deduction (deduction.py) reads it.
         self.criteria: Criteria | None = None
-        self.token_ids: dict[int, list[int]] = {}  # id(tokenizer) -> the value's tokens, cached
         self._changed = asyncio.Event()
 
     @property
