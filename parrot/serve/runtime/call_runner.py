@@ -3,9 +3,10 @@
 A call owns one engine context, `<session_id>.<call_id>` (`.r<n>` on its n-th re-dispatch). Its
 prompt is filled piece by piece: an early fill may put the ready prefix there before the call's last
 inputs arrive; `run` fills the rest up to the first output, generates it, fills the text up to the
-next output, generates that, and so on (the generated tokens stay in the context, so later text
-continues after them). Each output variable is set the moment its generation ends, so its
-consumers can start while this call still generates its later outputs.
+next output, generates that, and so on (the engine leaves exactly the output's text in the
+context, a stop string cut out, so later text continues right after it). Each output variable is
+set the moment its generation ends, so its consumers can start while this call still generates
+its later outputs.
 
 With prefix sharing, the context's first fill forks from a cached prefix context leased from
 `PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
@@ -185,6 +186,7 @@ class CallRunner:
             )
         )
         finish_reason: str | None = None
+        num_before = len(generated)  # an earlier run's tokens, filled back above
         try:
             async for event in events:
                 if event.token_id is not None:
@@ -196,6 +198,8 @@ class CallRunner:
                     var.append(event.text)
                 if event.finish_reason is not None:
                     finish_reason = event.finish_reason
+                    if event.output_token_ids is not None:  # what the context holds (a stop string cut out)
+                        generated[num_before:] = event.output_token_ids
                     if finish_reason == "error":
                         raise ParrotError(f"engine error while generating {name!r}: {event.error}", status=500)
                     if finish_reason == "aborted":
