@@ -11,6 +11,7 @@ from test_engine_correctness import GREEDY, make_engine, prompt
 from parrot.engine import sync_client
 from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.text import Tokenizer, cut_to_text
 
 
 def token_texts(engine: LLMEngine, ids: list[int]) -> list[str]:
@@ -96,3 +97,15 @@ def test_eos_is_not_appended_and_the_context_matches_the_report(tiny_model_folde
         assert engine.contexts.get("z").tokens == p + ids[:first]
     finally:
         engine.stop()
+
+
+def test_cut_to_text_keeps_whole_characters(default_model_folder: Path) -> None:
+    tok = Tokenizer(default_model_folder)
+    ids = tok.encode("ab語c")  # "ab", then "語" as three byte tokens, then "c"
+    assert len(ids) == 5
+    assert cut_to_text(tok, ids, "ab語c") == (5, [])
+    assert cut_to_text(tok, ids, "ab語") == (4, [])
+    # A stop string beginning inside "ab" or at "語": no token holds a partial character.
+    assert cut_to_text(tok, ids, "ab") == (1, [])
+    assert cut_to_text(tok, ids, "a") == (0, tok.encode("a"))
+    assert cut_to_text(tok, ids, "") == (0, [])
