@@ -9,7 +9,9 @@ fork starts as a copy of its parent's list) and answers at once: nothing is comp
 Generate, which sends the whole list as a token-id prompt, streamed, and leaves the sharing of
 common prefixes to the upstream's automatic prefix caching (vLLM's APC; Parrot's own prefix
 sharing of plain requests). The generated tokens are appended to the context, the EOS that ends a
-generation excepted, as the builtin engine does, so a later fork sees them.
+generation excepted, as the builtin engine does, so a later fork sees them; on a stop-string
+finish the stop string's tokens are cut and the text before it re-tokenized (the builtin engine's
+contract: the context holds exactly the output's text; the last event's `output_token_ids`).
 
 Tokens come back as ids when the upstream speaks vLLM's dialect (`logprobs: 0` with
 `return_tokens_as_token_ids`: each token as "token_id:<n>", with its logprob); Parrot's own
@@ -62,7 +64,7 @@ from parrot.protocol.engine_api import (
 )
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
-from parrot.text import Tokenizer
+from parrot.text import Tokenizer, cut_to_text
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
 
@@ -225,7 +227,7 @@ class OpenAIEngineClient:
         ctx.generating = True
         ctx.idle.clear()
         self._num_running += 1
-        num_events = 0
+        num_events, start, texts = 0, len(ctx.token_ids), []
         try:
             # Closed explicitly, so an early close here drops the upstream request at once (vLLM aborts it).
             async with contextlib.aclosing(self._stream(body, rule, retokenize, len(ctx.token_ids))) as events:
@@ -233,7 +235,10 @@ class OpenAIEngineClient:
                     if event.token_id is not None and event.finish_reason != "eos":  # EOS stays out of the context
                         ctx.token_ids.append(event.token_id)
                         self._num_held_tokens += 1
+                    texts.append(event.text)
                     num_events += 1
+                    if event.finish_reason is not None:
+                        event = self._settle_output(event, ctx, start, "".join(texts))
                     yield event
         except BaseException:
             if is_new and num_events == 0:
@@ -243,6 +248,16 @@ class OpenAIEngineClient:
             ctx.generating = False
             ctx.idle.set()
             self._num_running -= 1
+
+    def _settle_output(self, last: TokenEvent, ctx: _Context, start: int, text: str) -> TokenEvent:
+        """The last event, saying what the context holds: on a stop-string finish the upstream
+        streamed the stop string's tokens but not its text, so they are cut and the text before it
+        in the first cut token is re-tokenized (as the builtin engine does; needs the tokenizer)."""
+        if last.finish_reason == "stop" and self._tokenizer is not None:
+            num_kept, tail = cut_to_text(self._tokenizer, ctx.token_ids[start:], text)
+            self._num_held_tokens += start + num_kept + len(tail) - len(ctx.token_ids)
+            ctx.token_ids[start + num_kept :] = tail
+        return last.model_copy(update={"output_token_ids": ctx.token_ids[start:]})
 
     async def _stream(
         self, body: dict[str, Any], rule: StopRule, retokenize: Callable[[str], list[int]] | None, prompt_len: int

@@ -347,7 +347,7 @@ class LLMEngine:
                 decoding = decoding or s.sample_for is None
                 token, logprob = next(sampled)
                 gen = s.sampler_job
-                event = accept_token(gen, ctx, token, logprob, self.eos_ids, self.max_model_len)
+                event = accept_token(gen, self.contexts, ctx, token, logprob, self.eos_ids, self.max_model_len)
                 if event.finish_reason is not None:
                     self.scheduler.finish(gen)
                 gen.emit(event)
@@ -379,7 +379,7 @@ class LLMEngine:
             if job.job_id in self._aborted:
                 self.scheduler.finish(job)
                 self._drop_new_context(job)  # a fork that never started leaves only a placeholder
-                job.emit(TokenEvent(token_id=None, finish_reason="aborted"))
+                job.emit(TokenEvent(token_id=None, finish_reason="aborted", output_token_ids=job.output_token_ids))
         self._aborted.clear()
 
     def _abort(self, job: Job, error: ParrotError) -> None:

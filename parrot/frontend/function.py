@@ -7,20 +7,26 @@
         Explanation:{{output:explanation}}\"\"\"
 
     j, e = joke("cats")            # returns SemanticVariables at once; the call is queued
+    j, e = joke.with_sampling(temperature=0.7, outputs={"joke": {"max_tokens": 20}})("dogs")
 
 Parameters annotated `Output` (or defaulting to an `Output(...)`) are outputs, every other parameter
 is an input; they must match the template's placeholders exactly. An input takes a SemanticVariable
 of the same session or a plain value (sent inline); an output may be given an existing, unset
 variable to write. One output returns one variable, several return a tuple in parameter order.
+
+Sampling settings merge in layers (sampling.py): the function's `sampling=`, then each output's
+`Output(...)`, then a call's `with_sampling(...)`; each level overrides only the fields it sets.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 from parrot.frontend.core import SessionCore, current_core
+from parrot.frontend.sampling import SamplingLike, Settings, merge, settings_of
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec
@@ -35,17 +41,17 @@ class Input:
 class Output:
     """Marks a parameter as an output placeholder and carries its sampling settings.
 
-    `Output(max_tokens=40, stop=["\\n"])` or `Output(SamplingParams(...))`; `Output()` takes the
-    function's default sampling.
+    `Output(max_tokens=40, stop=["\\n"])` or `Output(SamplingParams(...))`: only the fields given
+    override the function's `sampling=`; `Output()` takes the function's settings as they are.
     """
 
-    def __init__(self, sampling: SamplingParams | None = None, **settings: Any) -> None:
+    def __init__(self, sampling: SamplingLike | None = None, **settings: Any) -> None:
         if sampling is not None and settings:
             raise TypeError("give either a SamplingParams or keyword settings, not both")
-        self.sampling = sampling if sampling is not None else (SamplingParams(**settings) if settings else None)
+        self.settings: Settings = settings_of(sampling if sampling is not None else settings, "Output")
 
     def __repr__(self) -> str:
-        return f"Output({self.sampling!r})"
+        return f"Output({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
 
 
 def current_session_core() -> SessionCore:
@@ -63,8 +69,8 @@ class SemanticFunction:
         name: str,
         template: str,
         inputs: Sequence[str],
-        outputs: Mapping[str, Output | SamplingParams | None],
-        sampling: SamplingParams | None = None,
+        outputs: Mapping[str, Output | SamplingLike | None],
+        sampling: SamplingLike | None = None,
         model: str | None = None,
     ) -> None:
         self.name = name
@@ -84,13 +90,56 @@ class SemanticFunction:
             )
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self.sampling: dict[str, SamplingParams] = {}  # outputs without an entry take default_sampling
-        for name, setting in outputs.items():
-            params = setting.sampling if isinstance(setting, Output) else setting
-            if params is not None:
-                self.sampling[name] = params
-        self.default_sampling = sampling or SamplingParams()
+        # The sampling levels, lowest first (see sampling.py); `with_sampling` adds the call's.
+        self._function_settings = settings_of(sampling, f"{self.name}.sampling")
+        self._output_settings = {
+            out: setting.settings if isinstance(setting, Output) else settings_of(setting, f"{self.name}.{out}")
+            for out, setting in outputs.items()
+        }
+        self._call_settings: Settings = {}
+        self._call_output_settings: dict[str, Settings] = {}
         self.model = model
+
+    @property
+    def default_sampling(self) -> SamplingParams:
+        """The function's settings with the call's overrides for every output."""
+        return merge(self._function_settings, self._call_settings)
+
+    @property
+    def sampling(self) -> dict[str, SamplingParams]:
+        """Each output's settings: function, `Output(...)`, the call's, the call's for that output."""
+        return {
+            out: merge(
+                self._function_settings,
+                self._output_settings[out],
+                self._call_settings,
+                self._call_output_settings.get(out, {}),
+            )
+            for out in self.outputs
+        }
+
+    def with_sampling(self, *, outputs: Mapping[str, SamplingLike] | None = None, **settings: Any) -> SemanticFunction:
+        """This function with sampling overrides for the calls made through it, above every other
+        level: `settings` (SamplingParams fields) for every output, `outputs` per output name.
+
+            summarize.with_sampling(temperature=0.7)(chunk)
+            joke.with_sampling(outputs={"joke": {"max_tokens": 20}})("cats")
+
+        The template's parameters are untouched (no name can collide). Raises ParrotError naming
+        an unknown output, an unknown setting or an invalid value."""
+        unknown = sorted(set(outputs or {}) - set(self.outputs))
+        if unknown:
+            raise ParrotError(
+                f"{self.name}.with_sampling: no output {unknown[0]!r} (the outputs: {self.outputs})",
+                field=f"outputs.{unknown[0]}",
+            )
+        bound = copy.copy(self)
+        bound._call_settings = {**self._call_settings, **settings_of(settings, f"{self.name}.with_sampling")}
+        bound._call_output_settings = dict(self._call_output_settings)
+        for out, value in (outputs or {}).items():
+            extra = settings_of(value, f"{self.name}.with_sampling.outputs.{out}")
+            bound._call_output_settings[out] = {**self._call_output_settings.get(out, {}), **extra}
+        return bound
 
     def __repr__(self) -> str:
         return f"SemanticFunction({self.name!r}, inputs={self.inputs}, outputs={self.outputs})"
@@ -156,7 +205,7 @@ def semantic_function(fn: Callable[..., Any], /) -> SemanticFunction: ...
 
 @overload
 def semantic_function(
-    *, template: str | None = None, sampling: SamplingParams | None = None, model: str | None = None
+    *, template: str | None = None, sampling: SamplingLike | None = None, model: str | None = None
 ) -> Callable[[Callable[..., Any]], SemanticFunction]: ...
 
 
@@ -164,11 +213,12 @@ def semantic_function(
     fn: Callable[..., Any] | None = None,
     *,
     template: str | None = None,
-    sampling: SamplingParams | None = None,
+    sampling: SamplingLike | None = None,
     model: str | None = None,
 ) -> SemanticFunction | Callable[[Callable[..., Any]], SemanticFunction]:
     """Declare a semantic function from a Python signature; the template is `template` or the
-    docstring (dedented). The body is never run."""
+    docstring (dedented). `sampling`: the defaults of every output (a SamplingParams or a mapping
+    of its fields). The body is never run."""
 
     def wrap(f: Callable[..., Any]) -> SemanticFunction:
         text = template if template is not None else inspect.cleandoc(f.__doc__ or "")

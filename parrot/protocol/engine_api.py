@@ -54,6 +54,12 @@ class TokenEvent(_Msg):
 
     `text` is the new text this token completes (possibly empty while a multi-byte character is
     incomplete); on a stop-string finish, the stop string and what follows are not in any text.
+
+    The context holds exactly the output's text: after a generation the context is its prompt
+    followed by `output_token_ids` of the last event. They are the streamed token ids, except that
+    an EOS is not appended and, on a stop-string finish, the tokens from the one where the stop
+    string begins are cut and the text of that token before the stop is re-tokenized. None (an
+    engine that does not say): the streamed token ids, an EOS excepted. Set on the last event only.
     """
 
     token_id: int | None
@@ -61,6 +67,7 @@ class TokenEvent(_Msg):
     text: str = ""
     finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted"
     error: str | None = None
+    output_token_ids: list[int] | None = None
 
 
 class FreeContextRequest(_Msg):

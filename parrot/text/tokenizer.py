@@ -134,7 +134,7 @@ class IncrementalDecoder:
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
+        self.tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix_offset = 0  # ids before this index are settled text
@@ -143,7 +143,7 @@ class IncrementalDecoder:
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        decode = self._tokenizer.decode
+        decode = self.tokenizer.decode
         prefix = decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
         full = decode(self._ids[self._prefix_offset :], self._skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):

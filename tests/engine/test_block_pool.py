@@ -69,6 +69,22 @@ def test_preemption_keeps_only_shared_full_blocks() -> None:
     assert len(child.tokens) == 14  # the tokens stay; their KV is recomputed later
 
 
+def test_truncate_drops_the_cut_tokens_and_the_blocks_past_them() -> None:
+    table = ContextTable(BlockPool(10), block_size=4)
+    table.create("p")
+    grow(table, "p", 5)
+    child = table.create("c", table.get("p"))  # shares [0, 1]
+    grow(table, "c", 6)  # 11 computed: [0, 2, 3] (block 1 copied on write)
+    child.tokens.append(9)  # a sampled token, not computed yet
+    table.truncate(child, 8)  # a stop string began at token 8: block 3 goes back
+    assert [len(child.tokens), child.num_computed, child.block_table] == [8, 8, [0, 2]]
+    assert table.pool.num_free == 10 - 3
+    table.truncate(child, 3)  # into the shared block: it stays shared, writing there copies it
+    assert [child.num_computed, child.block_table, table.pool.ref_count(0)] == [3, [0], 2]
+    assert grow(table, "c", 1) == [BlockCopy(src=0, dst=2, num_slots=3)]
+    assert table.get("p").block_table == [0, 1]
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_random_forks_and_frees_return_every_block(block_size: int) -> None:
     rng = random.Random(block_size)

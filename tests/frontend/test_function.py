@@ -38,7 +38,10 @@ def test_docstring_template_params_and_sampling() -> None:
         joke.template == "Tell a joke about {{input:topic}}.\nJoke:{{output:joke}}\nExplanation:{{output:explanation}}"
     )
     assert [joke.inputs, joke.outputs] == [["topic"], ["joke", "explanation"]]
-    assert joke.sampling == {"joke": SamplingParams(max_tokens=20, stop=["\n"])}
+    assert joke.sampling == {
+        "joke": SamplingParams(max_tokens=20, stop=["\n"]),
+        "explanation": SamplingParams(max_tokens=7),
+    }
     assert joke.default_sampling == SamplingParams(max_tokens=7)
 
 
@@ -60,7 +63,7 @@ def test_call_queues_output_variables_then_the_call() -> None:
         "joke": Binding(var_id="v1"),
         "explanation": Binding(var_id="v2"),
     }
-    assert call.sampling == {"joke": SamplingParams(max_tokens=20, stop=["\n"])}
+    assert call.sampling == joke.sampling
     assert call.name == "joke"
     # Plain values go inline; an output may be given a variable to write.
     target = core.new_variable("target")

@@ -2,8 +2,10 @@
 
 Contexts are token lists; a fork copies its parent's tokens. Generation asks `responder(prompt)`
 for the text, tokenizes it, and streams it token by token (stop strings and max_tokens honoured),
-appending the tokens to the context as the real engine does. Every request is logged with a
-timestamp so tests can assert on order. The real engine replaces it in the integration tests.
+appending the tokens to the context as the real engine does: a stop string's tokens are sampled,
+then cut out (the text before it re-tokenized); the end of the text is an EOS (a last event
+without a token); the last event says what the context holds. Every
+request is logged with a timestamp so tests can assert on order. The real engine replaces it in the integration tests.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from parrot.protocol.engine_api import (
     TokenEvent,
 )
 from parrot.protocol.errors import ParrotError
-from parrot.text import IncrementalDecoder, Tokenizer
+from parrot.text import IncrementalDecoder, Tokenizer, cut_to_text
 
 
 def echo_tail(prompt: str) -> str:
@@ -88,25 +90,27 @@ class FakeEngine:
                 yield TokenEvent(token_id=None, finish_reason="error", error="injected failure")
                 return
             text = self.responder(prompt)
-            finish = "eos"
-            for stop in req.sampling.stop:
-                if stop in text:
-                    text, finish = text[: text.index(stop)], "stop"
-            ids = self.tokenizer.encode(text)
-            if len(ids) > req.sampling.max_tokens:
-                ids, finish = ids[: req.sampling.max_tokens], "length"
+            ids = self.tokenizer.encode(text)  # the model "samples" the whole text, stop strings too
+            hits = sorted((text.index(stop), stop) for stop in req.sampling.stop if stop in text)
+            end, stop_end = (hits[0][0], hits[0][0] + len(hits[0][1])) if hits else (len(text), len(text) + 1)
             decoder = IncrementalDecoder(self.tokenizer)
+            start, reported, finish = len(tokens), "", "eos"
+            last = TokenEvent(token_id=None)  # the text ran out: an EOS, not in the context
             for i, token_id in enumerate(ids):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                else:
-                    await asyncio.sleep(0)
+                await asyncio.sleep(self.token_delay_s)
                 tokens.append(token_id)
-                last = i == len(ids) - 1
-                yield TokenEvent(token_id=token_id, text=decoder.push(token_id), finish_reason=finish if last else None)
-            if not ids:
-                yield TokenEvent(token_id=None, finish_reason=finish)
-            self.log.append((time.monotonic(), "generated", req.context_id, len(ids)))
+                decoder.push(token_id)
+                event = TokenEvent(token_id=token_id, text=decoder.text[len(reported) : end])
+                reported = decoder.text[:end]
+                if len(decoder.text) >= stop_end or i + 1 == req.sampling.max_tokens:
+                    finish, last = "stop" if len(decoder.text) >= stop_end else "length", event
+                    break
+                yield event
+            if finish == "stop":  # as the real engine: the stop's tokens are cut, the text before it re-tokenized
+                num_kept, tail = cut_to_text(self.tokenizer, tokens[start:], reported)
+                tokens[start + num_kept :] = tail
+            yield last.model_copy(update={"finish_reason": finish, "output_token_ids": tokens[start:]})
+            self.log.append((time.monotonic(), "generated", req.context_id, len(tokens) - start))
         finally:
             self.busy.discard(req.context_id)
 

@@ -83,11 +83,11 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         assert session.runs == {"c0": run}
         assert (run.state, run.runner, run.slot, run.task) == (DONE, None, None, None)
         assert (handle.num_running_calls, handle.num_latency_calls) == (0, 0)
-        answer = tok.encode(" NOW:")  # the fake engine echoes the prompt's last word; EOS on its last token
+        answer = tok.encode(" NOW:")  # the fake engine echoes the prompt's last word, then EOS
         assert run.num_prompt_tokens == len(tok.encode("Say hello now:"))
         assert (run.num_generated_tokens, run.num_cached_tokens, run.finish_reasons) == (len(answer), 0, {"o": "eos"})
         assert run.output_tokens == {"o": [(t, None) for t in answer]}
-        assert run.output_token_ids == {"o": answer[:-1]}
+        assert run.output_token_ids == {"o": answer}
         assert session.graph.variables["c0~o"].value == " NOW:"
         status = manager.status(session).calls[0]
         assert (status.state, status.engine_id, status.num_generated_tokens) == ("done", "e0", len(answer))

@@ -285,3 +285,38 @@ def test_session_tokens_are_checked(default_model_folder: Path) -> None:
             assert info.value.status == status
 
     run(default_model_folder, body)
+
+
+def test_the_text_between_two_outputs_is_exactly_the_templates(default_model_folder: Path) -> None:
+    """The first output ends on a stop string that begins inside the token " France": the context
+    keeps " Paris, Fr" (the cut token's " Fr" re-tokenized) and the fill of "\\nB:" follows it; the
+    run record's output tokens are the context's."""
+    contexts: list[list[int]] = []  # what the context held at each generate
+
+    def responder(prompt: str) -> str:
+        contexts.append(list(engine.contexts[context_id]))
+        return " Paris, France. More" if prompt.endswith("A:") else " DONE"
+
+    engine = FakeEngine(default_model_folder, responder=responder)
+    tok = engine.tokenizer
+    stop = SamplingParams(stop=["ance"])
+
+    async def body(manager: Manager) -> None:
+        nonlocal context_id
+        session = new_session(manager)
+        context_id = f"{session.session_id}.c0"
+        call = CallSpec(template="Q: {{input:q}}?\nA:{{output:a}}\nB:{{output:b}}", default_sampling=stop)
+        manager.submit(session, SubmitRequest(calls=[call.model_copy(update={"bindings": {"q": Binding(value="x")}})]))
+        assert (await manager.get_variable(session, "c0~a")).value == " Paris, Fr"
+        assert (await manager.get_variable(session, "c0~b")).value == " DONE"
+        first, second = contexts
+        kept = tok.encode(" Paris,") + tok.encode(" Fr")  # " France" sampled, cut, " Fr" re-tokenized
+        assert tok.encode(" Paris, France") == tok.encode(" Paris,") + tok.encode(" France")
+        assert second[: len(first)] == first
+        assert second[len(first) : len(first) + len(kept)] == kept
+        assert tok.decode(second) == "Q: x?\nA: Paris, Fr\nB:"
+        assert session.runs["c0"].output_token_ids == {"a": kept, "b": tok.encode(" DONE")}
+        assert session.runs["c0"].finish_reasons == {"a": "stop", "b": "eos"}
+
+    context_id = ""
+    run_manager([engine], body)

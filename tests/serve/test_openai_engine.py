@@ -6,6 +6,7 @@ an upstream that goes away is EngineUnavailable and the manager keeps serving on
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -298,3 +299,48 @@ def test_embedded_mode_serves_over_an_openai_upstream(upstream_url: str, tiny_mo
             assert got.status_code == 200, got.text
             texts.append(got.json()["choices"][0]["text"])
         assert texts[0] == texts[1] and texts[0]
+
+
+def test_a_stop_string_is_cut_out_of_the_adapters_context(
+    upstream_url: str, tiny_engine: AsyncEngine, tiny_model_folder: Path
+) -> None:
+    """The upstream streams the stop string's tokens, not its text: the adapter cuts them as the
+    builtin engine does (the text before the stop in the first cut token re-tokenized)."""
+    tok = Tokenizer(tiny_model_folder)
+    rng = random.Random(7)
+    prompt = [rng.randrange(3, 40000) for _ in range(9)]  # the tiny model's output varies after these
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    async def run(engine: EngineClient, context_id: str, sampling: SamplingParams) -> list[TokenEvent]:
+        await engine.fill(FillRequest(context_id=context_id, token_ids=prompt))
+        return [e async for e in engine.generate(GenerateRequest(context_id=context_id, sampling=sampling))]
+
+    async def main() -> None:
+        client = adapter(upstream_url, tiny_model_folder)
+        free_run = await run(client, "free", greedy)
+        ids = [e.token_id for e in free_run if e.token_id is not None]
+        assert free_run[-1].output_token_ids == ids
+        pieces = [tok.decode(ids[: k + 1])[len(tok.decode(ids[:k])) :] for k in range(len(ids))]
+        text = "".join(pieces)
+        # A token of two or more characters, past the first, whose text first occurs where it stands.
+        i = next(
+            k
+            for k in range(2, len(ids) - 1)
+            if len(pieces[k]) >= 2 and text.index(pieces[k] + pieces[k + 1]) == len("".join(pieces[:k]))
+        )
+        stop = greedy.model_copy(update={"stop": [pieces[i][1:] + pieces[i + 1]]})
+        got, expected = await run(client, "cut", stop), await run(tiny_engine, "ref-cut", stop)
+        kept = ids[:i] + tok.encode(pieces[i][:1])
+        assert "".join(e.text for e in got) == "".join(pieces[:i]) + pieces[i][:1]
+        assert [got[-1].finish_reason, got[-1].output_token_ids] == ["stop", kept]
+        assert expected[-1].output_token_ids == kept
+        info = client.context_info("cut")
+        assert info.num_tokens == len(prompt) + len(kept)
+        await client.fill(FillRequest(context_id="after", parent_context_id="cut", token_ids=[]))
+        for context_id in ("free", "cut", "after"):
+            await client.free_context(FreeContextRequest(context_id=context_id))
+        await tiny_engine.free_context(FreeContextRequest(context_id="ref-cut"))
+        assert (await client.stats()).num_blocks_free == (await client.stats()).num_blocks_total
+        await client.aclose()
+
+    asyncio.run(main())

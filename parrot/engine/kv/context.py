@@ -119,6 +119,15 @@ class ContextTable:
         ctx.num_computed = min(ctx.num_computed, keep * bs)
         return self.pool.num_free - before
 
+    def truncate(self, ctx: Context, num_tokens: int) -> None:
+        """Cut the context back to its first `num_tokens` tokens (a generation that ended on a stop
+        string): their KV stays, the blocks no remaining computed slot uses go back to the pool."""
+        del ctx.tokens[num_tokens:]
+        ctx.num_computed = min(ctx.num_computed, num_tokens)
+        keep = self.blocks_for(ctx.num_computed)
+        self.pool.decref(ctx.block_table[keep:])
+        del ctx.block_table[keep:]
+
     def free(self, ctx: Context) -> None:
         self.pool.decref(ctx.block_table)
         ctx.block_table = []

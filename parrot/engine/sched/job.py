@@ -45,6 +45,7 @@ class Job:
     sample_row: SampleRow | None = None
     decoder: IncrementalDecoder | None = None
     stop_window: str = ""  # recent text kept to catch stop strings across token boundaries
+    output_token_ids: list[int] = field(default_factory=list)  # what this generation put in the context
     finished: bool = False
 
     def emit(self, event: JobEvent) -> None:

@@ -70,8 +70,8 @@ class CallRun:
     # (complete or not), so a re-run resumes instead of losing or repeating text.
     num_attempts: int = 0
     output_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    # Every token each output streamed with its logprob, the EOS that ended it included (it is not
-    # in output_token_ids, which are the context's): what the OpenAI routes report per token.
+    # Every token each output streamed with its logprob, the EOS or stop string that ended it
+    # included (output_token_ids are the context's: neither is there): what the OpenAI routes report.
     output_tokens: dict[str, list[tuple[int, float | None]]] = field(default_factory=dict)
     # The executor's bookkeeping.
     runner: CallRunner | None = None  # from its first placement until retired (context freed)

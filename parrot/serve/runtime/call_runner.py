@@ -5,9 +5,9 @@ prompt's tokens are the rendered prompt's (render.py): an early fill may put the
 the ready prefix there before the call's last inputs arrive; `run` fills the rest up to the first
 output (starting the context over, should the early tokens not be a prefix of the prompt's),
 generates it, fills the text up to the next output (tokenized on its own), generates that, and so
-on (the generated tokens stay in the context, so later text continues after them). Each output
-variable is set the moment its generation ends, so its consumers can start while this call still
-generates its later outputs.
+on (the engine leaves exactly the output's text in the context, a stop string cut out, so later
+text continues right after it). Each output variable is set the moment its generation ends, so
+its consumers can start while this call still generates its later outputs.
 
 With prefix sharing, the context's first fill forks from a cached prefix context leased from
 `PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
@@ -213,6 +213,7 @@ class CallRunner:
             )
         )
         finish_reason: str | None = None
+        num_before = len(generated)  # an earlier run's tokens, filled back above
         try:
             async for event in events:
                 if event.token_id is not None:
@@ -224,6 +225,8 @@ class CallRunner:
                     var.append(event.text)
                 if event.finish_reason is not None:
                     finish_reason = event.finish_reason
+                    if event.output_token_ids is not None:  # what the context holds (a stop string cut out)
+                        generated[num_before:] = event.output_token_ids
                     if finish_reason == "error":
                         raise ParrotError(f"engine error while generating {name!r}: {event.error}", status=500)
                     if finish_reason == "aborted":
