@@ -178,8 +178,8 @@ def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_f
         assert together == apart
         after = engine.stats()
         assert after.num_steps - steps0 == steps_apart - 1
-        # 39 prompt tokens computed as prefill; the 40th's step sampled the first output token.
-        assert after.num_prefill_tokens - before.num_prefill_tokens == 39
+        # All 40 prompt tokens computed as prefill; the 40th's step also sampled the first output token.
+        assert after.num_prefill_tokens - before.num_prefill_tokens == 40
         assert after.num_decode_tokens - before.num_decode_tokens == GREEDY.max_tokens
         # The fill's result describes the fill alone, not the token generated in its last step.
         assert [result.num_tokens, result.num_filled_tokens] == [40, 39]
