@@ -74,7 +74,22 @@ class CallStatus(_Msg):
     engine_id: str | None
     num_attempts: int  # re-dispatches after an engine died
     num_prompt_tokens: int
-    num_cached_tokens: int  # prompt tokens reused from cached prefixes filled by other calls
+    # Of its prompt tokens: reused from cached prefixes other calls computed (what OpenAI usage
+    # reports as cached), and computed by an engine for this call (the rest), of which
+    # `num_early_filled_tokens` before its last input was set (pipelining).
+    num_cached_tokens: int
+    num_computed_tokens: int = 0
+    num_early_filled_tokens: int = 0
+    num_generated_tokens: int
+
+
+class EngineUsage(_Msg):
+    """What a session's calls cost one engine: prompt tokens it computed for them and reused from
+    other calls' prefixes, and tokens it generated."""
+
+    engine_id: str
+    num_computed_tokens: int
+    num_cached_tokens: int
     num_generated_tokens: int
 
 
@@ -89,6 +104,7 @@ class SessionStatus(_Msg):
     idle_timeout_s: float
     idle_s: float
     calls: list[CallStatus] = Field(default_factory=list)
+    engines: list[EngineUsage] = Field(default_factory=list)  # by engine its calls ran on
 
 
 # --- engines (operators) ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from parrot.protocol.public_api import (
     CallInfo,
     CallSpec,
     CallStatus,
+    EngineUsage,
     SessionCreated,
     SessionStatus,
     SubmitRequest,
@@ -197,12 +198,25 @@ class Manager:
                 num_attempts=r.num_attempts,
                 num_prompt_tokens=r.num_prompt_tokens,
                 num_cached_tokens=r.num_cached_tokens,
+                num_computed_tokens=r.num_prompt_tokens - r.num_cached_tokens,
+                num_early_filled_tokens=r.num_early_filled_tokens,
                 num_generated_tokens=r.num_generated_tokens,
             )
             for c, r in ((c, runs[c.call_id]) for c in session.graph.calls.values())
         ]
+        usage: dict[str, list[int]] = {}
+        for call in calls:
+            if call.engine_id is not None:
+                totals = usage.setdefault(call.engine_id, [0, 0, 0])
+                totals[0] += call.num_computed_tokens
+                totals[1] += call.num_cached_tokens
+                totals[2] += call.num_generated_tokens
         return SessionStatus(
             calls=calls,
+            engines=[
+                EngineUsage(engine_id=e, num_computed_tokens=c, num_cached_tokens=r, num_generated_tokens=g)
+                for e, (c, r, g) in sorted(usage.items())
+            ],
             session_id=session.session_id,
             num_variables=len(session.graph.variables),
             num_calls=len(session.graph.calls),

@@ -2,7 +2,8 @@
 (EngineStats.num_prefill_tokens) shows a shared prefix computed once, and outputs stay exact.
 
 Accounting: a fill computes all but its last token; a fork's fill computes its parent's last token
-and all but its own last; a generate computes the prompt's last token as a decode step.
+and all but its own last; a generate computes the prompt's last token (counted as prefill) in
+the step that samples its first output token.
 """
 
 from __future__ import annotations

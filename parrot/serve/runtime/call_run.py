@@ -58,7 +58,8 @@ class CallRun:
     # Usage, written by the runner. Cached tokens: prompt tokens whose KV came from a cached prefix
     # context filled by other calls (the runner knows it from the fork; contexts.py).
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens reused from prefixes other calls computed
+    num_early_filled_tokens: int = 0  # prompt tokens it computed early (before its inputs were all set)
     num_generated_tokens: int = 0
     finish_reasons: dict[str, str] = field(default_factory=dict)  # output name -> the engine's reason
     # Deduced objective (policy/objectives.py via deduction.py; status shows it).
@@ -103,5 +104,5 @@ class CallRun:
         its attempts, outputs and generated tokens kept so that the next run resumes."""
         self.state = CallState.WAITING
         self.dispatched_at = None
-        self.num_prompt_tokens = self.num_cached_tokens = 0
+        self.num_prompt_tokens = self.num_cached_tokens = self.num_early_filled_tokens = 0
         self.unplace()

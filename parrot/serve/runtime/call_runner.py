@@ -55,6 +55,7 @@ class RunRecord(Protocol):
     num_attempts: int
     num_prompt_tokens: int
     num_cached_tokens: int
+    num_early_filled_tokens: int
     num_generated_tokens: int
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
@@ -129,7 +130,14 @@ class CallRunner:
         """Fork our context from the longest cached prefix (creating the ones worth caching)."""
         early = not self.running
         lease = await prefixes.lease(
-            self.engine, self.call, token_ids, points, early, self.record.objective, self.record.priority
+            self.engine,
+            self.call,
+            token_ids,
+            points,
+            early,
+            self.record.objective,
+            self.record.priority,
+            owner=self.context_id,
         )
         # A lease from an earlier (early) fill is kept only while it is still a prefix of ours; when
         # it is, the new lease holds it or a longer one.
@@ -154,17 +162,20 @@ class CallRunner:
         )
         self.prompt_ids = token_ids
         self.record.num_prompt_tokens += len(token_ids)
-        if self.lease is not None and self.lease.hit_tokens:
-            # The parent's last token is computed by our fill; the rest of the hit was reused.
-            reused = result.num_tokens - result.num_filled_tokens - 1
-            self.record.num_cached_tokens = max(0, min(self.lease.hit_tokens - 1, reused))
+        if self.lease is not None:
+            # Reused by our fork: what other calls computed, and what our own early fill did.
+            others, own_early = self.lease.reuse(self.context_id)
+            self.record.num_cached_tokens = others
+            self.record.num_early_filled_tokens += own_early
+        if early:
+            self.record.num_early_filled_tokens += result.num_filled_tokens
         self.num_filled_pieces = stop
 
     async def _fill_tokens(self, token_ids: list[int]) -> None:
         if not token_ids:
             return
         self.has_context = True  # before the await: the engine may create it even if we are cancelled
-        await self.engine.client.fill(
+        result = await self.engine.client.fill(
             FillRequest(
                 context_id=self.context_id,
                 token_ids=token_ids,
@@ -173,6 +184,8 @@ class CallRunner:
             )
         )
         self.record.num_prompt_tokens += len(token_ids)
+        if not self.running:
+            self.record.num_early_filled_tokens += result.num_filled_tokens
 
     async def run(self) -> None:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""

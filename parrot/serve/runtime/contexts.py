@@ -49,6 +49,19 @@ class Lease:
     entry: PrefixEntry
     hit_tokens: int  # tokens of the prompt that were cached before this call asked
 
+    def reuse(self, owner: str) -> tuple[int, int]:
+        """(tokens other calls computed, tokens `owner` computed in an early fill) of the leased
+        prefix, as a fork from it reuses them (its last token the fork computes itself)."""
+        others = early = 0
+        entry: PrefixEntry | None = self.entry
+        while entry is not None:
+            if entry.created_for != owner:
+                others += entry.num_computed_tokens
+            elif entry.created_early:
+                early += entry.num_computed_tokens
+            entry = entry.parent
+        return others, early
+
 
 def prompt_points(
     call: CallNode, variables: Mapping[str, Variable], tokenizer: Tokenizer, stop: int, block_tokens: int
@@ -104,6 +117,7 @@ class PrefixContexts:
         early: bool,
         objective: Objective,
         priority: int,
+        owner: str = "",
     ) -> Lease | None:
         """Lease the longest cached prefix of `points` on `engine`, first creating the cache points
         the policy picks (filled with the call's `objective` and `priority`); None when there is
@@ -122,7 +136,7 @@ class PrefixContexts:
             include_deepest=include_deepest,
         ):
             existing = self.cache.get(engine.engine_id, point.prefix_hash)
-            parent = existing or self._create(engine, parent, point, token_ids, objective, priority)
+            parent = existing or self._create(engine, parent, point, token_ids, objective, priority, owner, early)
         if parent is None:
             return None
         self.cache.acquire(parent, time.monotonic())
@@ -146,9 +160,12 @@ class PrefixContexts:
         token_ids: list[int],
         objective: Objective,
         priority: int,
+        owner: str = "",
+        early: bool = False,
     ) -> PrefixEntry:
         context_id = f"pfx-{self.run_id}-{next(self._ids)}-{point.prefix_hash[:12]}"
         entry = PrefixEntry(point.prefix_hash, engine.engine_id, context_id, point.num_tokens, parent)
+        entry.created_for, entry.created_early = owner, early
         entry.last_used = time.monotonic()
         self.cache.add(entry)
         if parent is not None:

@@ -44,6 +44,15 @@ class PrefixEntry:
     num_children: int = 0  # cached entries forked from this one
     last_used: float = 0.0
     num_hits: int = 0  # forks by calls that found it cached
+    # Accounting: the call (its context id) whose fill created it, and whether that call was still
+    # waiting then (an early fill); its computed tokens belong to that call.
+    created_for: str = ""
+    created_early: bool = False
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens its fill computed: the parent's last one and all of its own but its last."""
+        return self.num_tokens - (self.parent.num_tokens if self.parent is not None else 1)
 
 
 class PrefixCache:
