@@ -12,7 +12,6 @@ Construct with `create_manager(engines, tokenizer_folder, config)`, then `await 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import secrets
@@ -26,8 +25,6 @@ from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import (
     CallInfo,
     CallSpec,
-    CallStatus,
-    EngineUsage,
     SessionCreated,
     SessionStatus,
     SubmitRequest,
@@ -40,19 +37,27 @@ from parrot.protocol.public_api import (
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.policy.prefix import chat_message_boundaries
-from parrot.serve.runtime.call_run import CallState
+from parrot.serve.runtime.batches import stage_batch, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
 from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
 from parrot.serve.runtime.prefix_cache import PrefixCache
-from parrot.serve.runtime.render import check_prompt_len, encode_run
 from parrot.serve.runtime.session import Session, SessionRegistry
+from parrot.serve.runtime.status import session_status
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
+
+_OFFLOAD_CHARS = 64 * 1024  # a batch with more text than this is tokenized on a worker thread
+
+
+def _submitted(staged: StagedBatch) -> SubmitResponse:
+    return SubmitResponse(
+        variables=[v.info() for v in staged.variables],
+        calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
+    )
 
 
 class Manager:
@@ -183,50 +188,7 @@ class Manager:
         await self.executor.drop_session(session)
 
     def status(self, session: Session) -> SessionStatus:
-        runs = session.runs
-        counts = collections.Counter(run.state for run in runs.values())
-        calls = [
-            CallStatus(
-                call_id=c.call_id,
-                name=c.name,
-                state=r.state.value,
-                objective=r.objective,
-                urgency=r.urgency,
-                task_group=r.task_group,
-                priority=r.priority,
-                engine_id=r.engine_id,
-                num_attempts=r.num_attempts,
-                num_prompt_tokens=r.num_prompt_tokens,
-                num_cached_tokens=r.num_cached_tokens,
-                num_computed_tokens=r.num_prompt_tokens - r.num_cached_tokens,
-                num_early_filled_tokens=r.num_early_filled_tokens,
-                num_generated_tokens=r.num_generated_tokens,
-            )
-            for c, r in ((c, runs[c.call_id]) for c in session.graph.calls.values())
-        ]
-        usage: dict[str, list[int]] = {}
-        for call in calls:
-            if call.engine_id is not None:
-                totals = usage.setdefault(call.engine_id, [0, 0, 0])
-                totals[0] += call.num_computed_tokens
-                totals[1] += call.num_cached_tokens
-                totals[2] += call.num_generated_tokens
-        return SessionStatus(
-            calls=calls,
-            engines=[
-                EngineUsage(engine_id=e, num_computed_tokens=c, num_cached_tokens=r, num_generated_tokens=g)
-                for e, (c, r, g) in sorted(usage.items())
-            ],
-            session_id=session.session_id,
-            num_variables=len(session.graph.variables),
-            num_calls=len(session.graph.calls),
-            num_calls_waiting=counts[CallState.WAITING],
-            num_calls_running=counts[CallState.RUNNING],
-            num_calls_done=counts[CallState.DONE],
-            num_calls_failed=counts[CallState.FAILED],
-            idle_timeout_s=session.idle_timeout_s,
-            idle_s=session.idle_s(),
-        )
+        return session_status(session)
 
     async def _expire_loop(self) -> None:
         while True:
@@ -240,16 +202,16 @@ class Manager:
     def submit(self, session: Session, req: SubmitRequest, call_field_prefix: str = "calls") -> SubmitResponse:
         """Create the batch's variables, then its calls; all or nothing."""
         self._admit()
+        staged = self._submit(session, req.variables, self._parse(req, call_field_prefix), call_field_prefix)
+        return _submitted(staged)
+
+    def _parse(self, req: SubmitRequest, call_field_prefix: str) -> list[tuple[CallSpec, ParsedTemplate, str]]:
         parsed = []
         for j, spec in enumerate(req.calls):
             at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""
             template = parse_template(spec.template, field=f"{at}template")
             parsed.append((spec, template, self.pool.resolve_model(spec.model, field=f"{at}model")))
-        staged = self._submit(session, req.variables, parsed, call_field_prefix)
-        return SubmitResponse(
-            variables=[v.info() for v in staged.variables],
-            calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
-        )
+        return parsed
 
     def submit_call(self, session: Session, spec: CallSpec) -> CallInfo:
         return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
@@ -281,37 +243,38 @@ class Manager:
         message_prefixes: Sequence[str] | None = None,
         prompt_token_ids: list[int] | None = None,
     ) -> StagedBatch:
-        graph = session.graph
-        staged = graph.stage(var_specs, calls, prefix)
-        num_variables = len(graph.variables) + len(staged.variables) + len(staged.inline_variables)
-        if num_variables > self.config.max_variables_per_session:
-            raise ParrotError(
-                f"the session would hold {num_variables} variables; the limit is "
-                f"{self.config.max_variables_per_session}",
-                status=413,
-                field="variables",
-            )
-        num_calls = len(graph.calls) + len(staged.calls)
-        if num_calls > self.config.max_calls_per_session:
-            raise ParrotError(
-                f"the session would hold {num_calls} calls; the limit is {self.config.max_calls_per_session}",
-                status=413,
-                field="calls",
-            )
-        variables = collections.ChainMap(
-            {v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables
-        )
-        for j, call in enumerate(staged.calls):
-            engine = self.pool.for_model(call.model)
-            if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
-                call.prompt_token_ids = list(prompt_token_ids)
-            field = f"{prefix}[{j}].template" if prefix else "template"
-            check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
-            if message_prefixes is not None:  # a plain request: one text piece
-                prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
-                prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
-                call.message_boundaries = tuple(n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids))
-        graph.commit(staged)
+        if session.submitting:
+            raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
+        staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
+        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids)
+        return self._commit(session, staged)
+
+    async def submit_async(
+        self, session: Session, req: SubmitRequest, call_field_prefix: str = "calls"
+    ) -> SubmitResponse:
+        """`submit` for the HTTP routes: a batch with much text is tokenized on a worker thread,
+        so the event loop (other sessions, health checks) keeps answering meanwhile."""
+        num_chars = sum(len(c.template) for c in req.calls) + sum(len(v.value or "") for v in req.variables)
+        num_chars += sum(len(b.value or "") for c in req.calls for b in c.bindings.values())
+        if num_chars <= _OFFLOAD_CHARS:
+            return self.submit(session, req, call_field_prefix)
+        self._admit()
+        parsed = self._parse(req, call_field_prefix)
+        if session.submitting:
+            raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
+        session.submitting = True
+        try:
+            staged, variables = stage_batch(session, req.variables, parsed, call_field_prefix, self.config)
+            await asyncio.to_thread(tokenize_batch, staged, variables, self.pool, call_field_prefix)
+            if self.sessions.sessions.get(session.session_id) is not session:
+                raise ParrotError(f"session {session.session_id!r} was closed meanwhile", status=410)
+            self._commit(session, staged)
+        finally:
+            session.submitting = False
+        return _submitted(staged)
+
+    def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
+        session.graph.commit(staged)
         self.executor.add_calls(session, staged.calls)
         return staged
 

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 # `'ve` in GPT-2's and Llama 3's regexes). A pre-token starting with an apostrophe closer than this
 # to the end may still become one ("x'r" + "e"); every other rule decides within the pre-token.
 _CONTRACTION_LEN = 3
+_GIL_FREE_CHARS = 8192  # texts longer than this are tokenized with the GIL released
 _WINDOW = 64  # characters of a text's tail pre-tokenized first to find its stable end (doubled as needed)
 
 
@@ -48,14 +49,22 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             self._chat_template = env.from_string(template)
 
+    def _encode(self, text: str) -> Any:
+        # A long text goes through encode_batch: it releases the GIL while it works (encode does
+        # not), so tokenizing it on a worker thread does not stall the event loop. Same ids either
+        # way; a short one stays on encode (~40 us less per call).
+        if len(text) > _GIL_FREE_CHARS:
+            return self._tok.encode_batch([text], add_special_tokens=False)[0]
+        return self._tok.encode(text, add_special_tokens=False)
+
     def encode(self, text: str) -> list[int]:
         """Plain text to ids, with no special tokens added (the prompt structure is ours)."""
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._encode(text).ids)
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
         """Ids (as `encode`) and where each token's text ends in `text` (characters, nondecreasing;
         the tokens of one multi-byte character all end after it)."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = self._encode(text)
         return list(enc.ids), [end for _, end in enc.offsets]
 
     def stable_len(self, text: str, end: int | None = None) -> int:

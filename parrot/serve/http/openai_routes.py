@@ -221,10 +221,12 @@ class _OneCall:
         reason = self.record.finish_reasons.get(_OUTPUT)
         return None if reason is None else _FINISH.get(reason, reason)
 
-    async def complete(self, request: Request) -> tuple[str, str | None, Usage]:
-        """The whole answer; a client that disconnects first ends the call (its engine work stops)."""
+    async def complete(self, request: Request | None = None) -> tuple[str, str | None, Usage]:
+        """The whole answer; a client (`request`) that disconnects first ends the call (its engine
+        work stops)."""
         try:
-            await unless_disconnected(request, self.var.wait(_MAX_WAIT_S))
+            wait = self.var.wait(_MAX_WAIT_S)
+            await (wait if request is None else unless_disconnected(request, wait))
             if self.var.error is not None:
                 raise self.var.error
             assert self.var.value is not None

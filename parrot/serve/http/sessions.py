@@ -66,7 +66,7 @@ async def session_status(session: SessionDep, manager: ManagerDep) -> SessionSta
 @router.post("/{session_id}/submit", response_model=SubmitResponse)
 async def submit(req: SubmitRequest, session: SessionDep, manager: ManagerDep) -> SubmitResponse:
     """Create variables and submit semantic calls in one batch (all or nothing); returns at once."""
-    return manager.submit(session, req)
+    return await manager.submit_async(session, req)
 
 
 @router.post("/{session_id}/calls", response_model=CallInfo)

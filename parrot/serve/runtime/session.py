@@ -44,6 +44,7 @@ class Session:
         self.runs: dict[str, CallRun] = {}  # call_id -> the call's run state (call_run.py)
         self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
+        self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

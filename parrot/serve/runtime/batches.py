@@ -1,0 +1,70 @@
+"""A submitted batch before it joins a session: staged (checked against the graph and the limits,
+nothing changed), then tokenized (each call's known prompt, cached on the call; lengths checked),
+then committed by the manager. Tokenizing touches only the staged calls, so the manager may run it
+on a worker thread for a batch with much text."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import CallSpec, VariableSpec
+from parrot.protocol.template import ParsedTemplate
+from parrot.serve.config import ManagerConfig
+from parrot.serve.policy.prefix import chat_message_boundaries
+from parrot.serve.runtime.engines import EnginePool
+from parrot.serve.runtime.graph import StagedBatch
+from parrot.serve.runtime.render import check_prompt_len, encode_run
+from parrot.serve.runtime.session import Session
+from parrot.serve.runtime.variable import Variable
+
+
+def stage_batch(
+    session: Session,
+    var_specs: Sequence[VariableSpec],
+    calls: Sequence[tuple[CallSpec, ParsedTemplate, str]],
+    prefix: str,
+    config: ManagerConfig,
+) -> tuple[StagedBatch, Mapping[str, Variable]]:
+    """Check a batch against the session (nothing changes) and within the limits."""
+    graph = session.graph
+    staged = graph.stage(var_specs, calls, prefix)
+    num_variables = len(graph.variables) + len(staged.variables) + len(staged.inline_variables)
+    if num_variables > config.max_variables_per_session:
+        raise ParrotError(
+            f"the session would hold {num_variables} variables; the limit is {config.max_variables_per_session}",
+            status=413,
+            field="variables",
+        )
+    num_calls = len(graph.calls) + len(staged.calls)
+    if num_calls > config.max_calls_per_session:
+        raise ParrotError(
+            f"the session would hold {num_calls} calls; the limit is {config.max_calls_per_session}",
+            status=413,
+            field="calls",
+        )
+    variables = collections.ChainMap({v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables)
+    return staged, variables
+
+
+def tokenize_batch(
+    staged: StagedBatch,
+    variables: Mapping[str, Variable],
+    pool: EnginePool,
+    prefix: str,
+    message_prefixes: Sequence[str] | None = None,
+    prompt_token_ids: list[int] | None = None,
+) -> None:
+    """Tokenize the staged calls' known prompts (cached on each call) and check their lengths.
+    Touches only the staged calls: safe on a worker thread."""
+    for j, call in enumerate(staged.calls):
+        engine = pool.for_model(call.model)
+        if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
+            call.prompt_token_ids = list(prompt_token_ids)
+        field = f"{prefix}[{j}].template" if prefix else "template"
+        check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        if message_prefixes is not None:  # a plain request: one text piece
+            prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
+            prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
+            call.message_boundaries = tuple(n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids))
