@@ -156,11 +156,7 @@ class GraphExecutor:
 
     def num_in_flight(self) -> int:
         """Calls running on an engine, or waiting with every input set (about to be dispatched)."""
-        return sum(
-            1
-            for run in self._runs.values()
-            if run.state is CallState.RUNNING or (run.state is CallState.WAITING and run.ready_since is not None)
-        )
+        return sum(run.state is CallState.RUNNING or run.ready_since is not None for run in self._runs.values())
 
     async def drain(self) -> None:
         """Until every context free in flight is done (frees wait for generations to end)."""
