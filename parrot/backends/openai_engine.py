@@ -191,7 +191,9 @@ class OpenAIEngineClient:
         bad = next((t for t in req.token_ids if t < 0), None)
         if bad is not None:  # larger ids are the upstream's to refuse: it knows the model's vocabulary
             raise ParrotError(f"token id {bad} is negative", field="token_ids")
-        check_context_ids(self._contexts, req.context_id, req.parent_context_id, must_exist=False)
+        check_context_ids(
+            self._contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
+        )
         source = self._contexts.get(req.parent_context_id or req.context_id)
         base = len(source.token_ids) if source is not None else 0
         if base + len(req.token_ids) > info["max_model_len"]:

@@ -138,7 +138,9 @@ class LLMEngine:
         """Queue a fill; validation errors raise at once and change nothing."""
         self._check_tokens(req.token_ids)
         with self._cv:
-            check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=False)
+            check_context_ids(
+                self.contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
+            )
             base = self._projected_len(req.context_id, req.parent_context_id)
             if base + len(req.token_ids) > self.max_model_len:
                 raise ParrotError(

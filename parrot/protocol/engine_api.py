@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Objective
@@ -24,11 +24,22 @@ class _Msg(BaseModel):
 
 
 class FillRequest(_Msg):
-    """Extend `context_id` with `token_ids`; a new context forks from `parent_context_id`."""
+    """Create `context_id` holding `token_ids` (a fork of `parent_context_id`'s tokens first, if
+    given), or with `append` extend the existing `context_id`. Creating an id that exists is a 409
+    and appending to one that does not a 404, so a stale or repeated request never silently
+    doubles a context (a restarted manager, a retried request)."""
 
     context_id: ContextId = _ID
     token_ids: list[int] = Field(max_length=MAX_FILL_TOKENS)
     parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
+    append: bool = False
+
+    @model_validator(mode="after")
+    def _append_has_no_parent(self) -> FillRequest:
+        if self.append and self.parent_context_id is not None:
+            raise ValueError("an append names no parent_context_id: the context has its tokens already")
+        return self
+
     objective: Objective = Objective.LATENCY
     priority: int = Field(default=0, ge=-1000, le=1000)
 
@@ -113,13 +124,18 @@ class EngineStats(_Msg):
     native_kernels: str = "none"
 
 
-def check_context_ids(contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool) -> None:
-    """The engine API's id rules for a Fill (`must_exist=False`) or a Generate (`True`): a fork
-    names a new id and an existing parent other than itself; otherwise a Generate needs the
-    context. Raises ParrotError (400 / 404 / 409) naming the field. Every engine applies them."""
+def check_context_ids(
+    contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool, must_be_new: bool = False
+) -> None:
+    """The engine API's id rules for a Fill (creating: `must_be_new`; appending: `must_exist`) or a
+    Generate (`must_exist`): a fork names a new id and an existing parent other than itself; an
+    append names an existing context and no parent. Raises ParrotError (400 / 404 / 409) naming
+    the field. Every engine applies them."""
     exists = context_id in contexts
     if parent_id is None and must_exist and not exists:
         raise not_found("context", context_id, "context_id")
+    if must_be_new and exists:
+        raise conflict(f"context {context_id!r} already exists: name a new one, or append to it", "context_id")
     if parent_id is not None:
         if exists:
             raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")

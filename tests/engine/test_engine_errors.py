@@ -168,3 +168,25 @@ def test_abort_ends_a_generation_and_frees_its_context(engine: LLMEngine) -> Non
     engine.free_context(FreeContextRequest(context_id="ab3"))
     assert engine.stats().num_blocks_free == free_before
     assert engine.stats().num_decode_tokens < 1000  # neither generation ran to max_tokens
+
+
+def test_a_fill_creates_or_appends_never_both(engine: LLMEngine, server: str) -> None:
+    """Creating an id that exists is a 409 (a restarted manager or a retried request never doubles
+    a context); appending needs the context (404) and names no parent (400)."""
+    sync_client.fill(engine, FillRequest(context_id="once", token_ids=[4, 5, 6]))
+    expect_error(
+        lambda: sync_client.fill(engine, FillRequest(context_id="once", token_ids=[4, 5, 6])), 409, "context_id"
+    )
+    expect_error(
+        lambda: sync_client.fill(engine, FillRequest(context_id="never", token_ids=[1], append=True)), 404, "context_id"
+    )
+    result = sync_client.fill(engine, FillRequest(context_id="once", token_ids=[7], append=True))
+    assert [result.num_tokens, engine.contexts.get("once").tokens] == [4, [4, 5, 6, 7]]
+    with httpx.Client(base_url=server) as c:
+        again = c.post("/v1/engine/fill", json={"context_id": "once", "token_ids": [4]})
+        assert [again.status_code, again.json()["error"]["field"]] == [409, "context_id"]
+        both = c.post(
+            "/v1/engine/fill", json={"context_id": "x", "token_ids": [4], "parent_context_id": "once", "append": True}
+        )
+        assert both.status_code == 400
+    engine.free_context(FreeContextRequest(context_id="once"))

@@ -67,7 +67,7 @@ def test_a_stop_string_is_cut_out_of_the_context(tiny_model_folder: Path) -> Non
 
         # A Fill after the cut continues as a fresh context of the same tokens does.
         more = prompt(8, 6)
-        sync_client.fill(engine, FillRequest(context_id="mid", token_ids=more))
+        sync_client.fill(engine, FillRequest(context_id="mid", token_ids=more, append=True))
         mid_tokens = list(engine.contexts.get("mid").tokens)
         sync_client.fill(engine, FillRequest(context_id="fresh", token_ids=mid_tokens))
         cont = sync_client.generate(engine, GenerateRequest(context_id="mid", sampling=GREEDY))

@@ -23,6 +23,7 @@ from parrot.protocol.engine_api import (
     FreeContextRequest,
     GenerateRequest,
     TokenEvent,
+    check_context_ids,
 )
 from parrot.protocol.errors import ParrotError
 from parrot.text import IncrementalDecoder, Tokenizer, cut_to_text
@@ -71,6 +72,7 @@ class FakeEngine:
 
     async def fill(self, req: FillRequest) -> FillResult:
         await asyncio.sleep(0)
+        check_context_ids(self.contexts, req.context_id, req.parent_context_id, req.append, not req.append)
         tokens = self._context(req.context_id, req.parent_context_id)
         if len(tokens) + len(req.token_ids) > self.max_model_len:
             raise ParrotError("too long", field="token_ids")

@@ -184,7 +184,7 @@ def test_bad_requests_get_the_builtin_engines_errors(
         assert await status_field(client.fill(FillRequest(context_id="c", token_ids=[-1]))) == [400, "token_ids"]
         empty = GenerateRequest(context_id="empty", sampling=SMALL)
         assert await status_field(generate(client, empty)) == [400, "context_id"]
-        too_long = FillRequest(context_id="a", token_ids=[5] * 4094)
+        too_long = FillRequest(context_id="a", token_ids=[5] * 4094, append=True)
         assert await status_field(client.fill(too_long)) == [400, "token_ids"]
         # Free while generating: 409; once the reader closed the stream, the context goes, and the
         # upstream stops generating (the request is dropped, not read to its end).

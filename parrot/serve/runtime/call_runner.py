@@ -174,11 +174,13 @@ class CallRunner:
     async def _fill_tokens(self, token_ids: list[int]) -> None:
         if not token_ids:
             return
+        already = self.has_context  # our context exists: extend it; else create it
         self.has_context = True  # before the await: the engine may create it even if we are cancelled
         result = await self.engine.client.fill(
             FillRequest(
                 context_id=self.context_id,
                 token_ids=token_ids,
+                append=already,
                 objective=self.record.objective,
                 priority=self.record.priority,
             )
