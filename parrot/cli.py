@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import signal
 import sys
 import threading
@@ -101,11 +102,15 @@ def cmd_serve(a: argparse.Namespace) -> None:
 def cmd_engine(a: argparse.Namespace) -> None:
     from parrot.engine.async_engine import AsyncEngine
     from parrot.engine.server.app import create_engine_app
+    from parrot.protocol.engine_api import ENGINE_SECRET_ENV
     from parrot.web.server_thread import ServerThread
 
     engine = AsyncEngine(_engine_config(a))
     engine.start()
-    srv = ServerThread(create_engine_app(engine), a.host, a.port).start()
+    secret = os.environ.get(ENGINE_SECRET_ENV) or None
+    if secret is None and not _is_loopback(a.host):
+        raise SystemExit(f"refusing to serve the engine API on {a.host} without {ENGINE_SECRET_ENV} set")
+    srv = ServerThread(create_engine_app(engine, secret=secret), a.host, a.port).start()
     print(f"parrot engine ({engine.model_name}) on {srv.url}", flush=True)
 
     def stop() -> None:

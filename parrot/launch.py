@@ -9,6 +9,8 @@ join through the adapter (`--openai-engine`, parrot/serve/openai_engine.py).
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.model.loader import resolve_model_folder
+from parrot.protocol.engine_api import ENGINE_SECRET_ENV
 from parrot.protocol.engine_client import EngineClient
 from parrot.serve.config import ManagerConfig
 from parrot.serve.http.app import create_app
@@ -85,7 +88,8 @@ def start_embedded(
     port: int = 0,
     openai_upstreams: list[OpenAIUpstream] | None = None,
 ) -> Embedded:
-    clients: list[EngineClient] = [HttpEngineClient(u) for u in engine_urls or []]
+    secret = os.environ.get(ENGINE_SECRET_ENV) or None
+    clients: list[EngineClient] = [HttpEngineClient(u, secret=secret) for u in engine_urls or []]
     clients += [u.client() for u in openai_upstreams or []]
     engines = [AsyncEngine(cfg) for cfg in (engine_configs if engine_configs is not None else [EngineConfig()])]
     clients = [*engines, *clients]
@@ -94,7 +98,11 @@ def start_embedded(
     for e in engines:
         e.start()
     manager = create_manager(clients, config=manager_config)
-    server = ServerThread(create_app(manager, connect_engine=connect_engine), host=host, port=port)
+    server = ServerThread(
+        create_app(manager, connect_engine=functools.partial(connect_engine, engine_secret=secret)),
+        host=host,
+        port=port,
+    )
     try:
         server.start(timeout=120)
     except Exception:

@@ -17,12 +17,15 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import RegisterEngineRequest
 
 
-async def connect_engine(req: RegisterEngineRequest, *, has_tokenizer: bool) -> EngineClient:
+async def connect_engine(
+    req: RegisterEngineRequest, *, has_tokenizer: bool, engine_secret: str | None = None
+) -> EngineClient:
+    """`engine_secret`: the shared secret of Parrot engine servers (the launcher binds it)."""
     if req.kind == "parrot":
         for name in ("model", "tokenizer", "api_key", "max_model_len"):
             if getattr(req, name) is not None:
                 raise ParrotError(f"{name} is for kind 'openai': a Parrot engine says its own", field=name)
-        return HttpEngineClient(req.url)
+        return HttpEngineClient(req.url, secret=engine_secret)
     if req.tokenizer is not None and not (Path(req.tokenizer) / "tokenizer.json").is_file():
         raise ParrotError(f"no tokenizer.json in {req.tokenizer!r} on the manager's machine", field="tokenizer")
     client = OpenAIEngineClient(req.url, req.model, req.api_key, req.tokenizer, req.max_model_len)

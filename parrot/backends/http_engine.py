@@ -23,9 +23,13 @@ from parrot.protocol.errors import ParrotError
 class HttpEngineClient:
     """The engine API over HTTP (`/v1/engine/*`); one pooled connection set per engine."""
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 600.0, secret: str | None = None) -> None:
+        """`secret`: the engine server's shared secret (`PARROT_ENGINE_SECRET`), sent as a bearer token."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        headers = {"Authorization": f"Bearer {secret}"} if secret else None
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

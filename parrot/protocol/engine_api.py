@@ -16,6 +16,9 @@ from parrot.protocol.sampling import SamplingParams
 
 ContextId = str
 _ID = Field(min_length=1, max_length=128)
+# The shared secret between a manager and the Parrot engine servers it uses: `parrot engine` and
+# `parrot serve` read it from this environment variable (so it never shows in a process list).
+ENGINE_SECRET_ENV = "PARROT_ENGINE_SECRET"
 MAX_FILL_TOKENS = 1_000_000
 
 

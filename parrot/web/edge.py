@@ -7,8 +7,9 @@ ParrotError's own shape plus the two keys OpenAI clients read, so one shape serv
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -131,3 +132,19 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     if done.cancelled():
         raise ParrotError("the client disconnected", status=499)
     return done.result()
+
+
+def require_bearer(secret: str, path_prefix: str) -> Callable[[Request, Any], Awaitable[Any]]:
+    """HTTP middleware: requests under `path_prefix` need `Authorization: Bearer <secret>` (401
+    naming `authorization` otherwise; compared in constant time, never logged)."""
+    expected = f"Bearer {secret}".encode()
+
+    async def check(request: Request, call_next: Any) -> Any:
+        if request.url.path.startswith(path_prefix):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                error = ParrotError("missing or wrong engine secret", status=401, field="authorization")
+                return error_response(error)
+        return await call_next(request)
+
+    return check

@@ -13,7 +13,9 @@ from fake_engine import FakeEngine
 from live_server import live_server
 from manager_harness import new_session, run_manager
 
+from parrot.backends.http_engine import HttpEngineClient
 from parrot.engine.async_engine import AsyncEngine
+from parrot.engine.server.app import create_engine_app
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
@@ -21,6 +23,7 @@ from parrot.serve.config import ManagerConfig
 from parrot.serve.http.engines import check_engine_url
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.session import SessionRegistry
+from parrot.web.server_thread import ServerThread
 
 TENANT, OPERATOR = {"Authorization": "Bearer tenant"}, {"Authorization": "Bearer op"}
 
@@ -132,3 +135,24 @@ def test_without_a_live_engine_every_route_says_503_and_ready_tells(tiny_engine:
         assert http.post("/v1/engines", json={"url": extra.url}, headers=key).status_code == 201
         assert http.get("/ready").json()["num_live_engines"] == 1
         assert http.post("/v1/completions", json=completion, headers=key).status_code == 200
+
+
+def test_an_engine_with_a_secret_answers_only_its_manager(tiny_engine: AsyncEngine) -> None:
+    with ServerThread(create_engine_app(tiny_engine, secret="s3cret")) as srv:
+        refused = httpx.get(srv.url + "/v1/engine/stats")
+        assert [refused.status_code, refused.json()["error"]["field"]] == [401, "authorization"]
+        wrong = httpx.get(srv.url + "/v1/engine/stats", headers={"Authorization": "Bearer guess"})
+        assert wrong.status_code == 401
+        assert httpx.get(srv.url + "/health").status_code == 200  # liveness stays open
+
+        async def stats(secret: str | None) -> str:
+            client = HttpEngineClient(srv.url, secret=secret)
+            try:
+                return (await client.stats()).model
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(stats("s3cret")) == "tiny"
+        with pytest.raises(ParrotError) as info:
+            asyncio.run(stats(None))
+        assert [info.value.status, info.value.field] == [401, "authorization"]

@@ -21,15 +21,19 @@ from fastapi.responses import StreamingResponse
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.engine_api import EngineStats, FillRequest, FillResult, FreeContextRequest, GenerateRequest
-from parrot.web.edge import BodyLimitMiddleware, install_error_handlers
+from parrot.web.edge import BodyLimitMiddleware, install_error_handlers, require_bearer
 
 MAX_BODY_BYTES = 16 << 20
 
 
-def create_engine_app(engine: AsyncEngine) -> FastAPI:
+def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI:
+    """The engine API over HTTP. With `secret`, every /v1/engine route needs `Authorization:
+    Bearer <secret>` (401 otherwise; compared in constant time): only its manager reaches it."""
     app = FastAPI(title="Parrot engine", version="0.1.0")
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=MAX_BODY_BYTES)
+    if secret:
+        app.middleware("http")(require_bearer(secret, "/v1/engine/"))
 
     @app.post("/v1/engine/fill")
     async def fill(req: FillRequest) -> FillResult:
