@@ -1,10 +1,16 @@
 """The public HTTP API as async Python calls (one httpx client per session).
 
-Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field).
+Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field); a
+manager that cannot be reached becomes ParrotError(503). Transient faults are retried with
+exponential backoff (`max_retries`): a request that never reached the server (connection refused
+or timed out while connecting) always; a read (GET, DELETE) also after a dropped connection or a
+429/502/503/504 answer (honouring Retry-After). A submit or a set that may have arrived is never
+repeated: it is not idempotent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,45 +31,78 @@ from parrot.protocol.public_api import (
     VariableValue,
 )
 
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_MAX_BACKOFF_S = 10.0
+
 
 class ApiTransport:
-    def __init__(self, base_url: str, timeout_s: float = 660.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 660.0, max_retries: int = 4, backoff_s: float = 0.25) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._headers: dict[str, str] = {}
         self.session_id = ""
         self.num_submits = 0  # batches sent (thousands of calls take a handful)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.num_retries = 0  # requests sent again after a transient fault
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, retried on transient faults (module docstring); ParrotError(503) if the
+        manager stays unreachable."""
+        idempotent = method in ("GET", "DELETE")
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            delay = min(_MAX_BACKOFF_S, self.backoff_s * 2**attempt)
+            try:
+                resp = await self._http.request(method, path, **kw)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server
+                if last:
+                    raise ParrotError(f"cannot reach the manager at {self.base_url}: {e}", status=503) from e
+            except httpx.TransportError as e:  # may have reached it
+                if last or not idempotent:
+                    raise ParrotError(
+                        f"the connection to the manager failed: {type(e).__name__}: {e}", status=503
+                    ) from e
+            else:
+                if last or not idempotent or resp.status_code not in _RETRY_STATUSES:
+                    return resp
+                retry_after = resp.headers.get("retry-after", "")
+                delay = min(_MAX_BACKOFF_S, float(retry_after)) if retry_after.isdigit() else delay
+            self.num_retries += 1
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def create_session(self, api_key: str, idle_timeout_s: float | None) -> SessionCreated:
         body = CreateSessionRequest(idle_timeout_s=idle_timeout_s).model_dump(mode="json")
-        resp = await self._http.post("/v1/sessions", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        resp = await self._request("POST", "/v1/sessions", json=body, headers={"Authorization": f"Bearer {api_key}"})
         created = SessionCreated.model_validate(_checked(resp))
         self.session_id = created.session_id
         self._headers = {"Authorization": f"Bearer {created.token}"}
         return created
 
     async def delete_session(self) -> None:
-        _checked(await self._http.delete(self._path(""), headers=self._headers))
+        _checked(await self._request("DELETE", self._path(""), headers=self._headers))
 
     async def status(self) -> SessionStatus:
-        return SessionStatus.model_validate(_checked(await self._http.get(self._path(""), headers=self._headers)))
+        return SessionStatus.model_validate(_checked(await self._request("GET", self._path(""), headers=self._headers)))
 
     async def submit(self, req: SubmitRequest) -> SubmitResponse:
         body = req.model_dump(mode="json", exclude_defaults=True)
         self.num_submits += 1
-        resp = await self._http.post(self._path("/submit"), json=body, headers=self._headers)
+        resp = await self._request("POST", self._path("/submit"), json=body, headers=self._headers)
         return SubmitResponse.model_validate(_checked(resp))
 
     async def set_variable(self, var_id: str, value: str | None, error: str | None = None) -> None:
         body = SetVariableRequest(value=value, error=error).model_dump(mode="json", exclude_none=True)
-        _checked(await self._http.put(self._path(f"/variables/{var_id}"), json=body, headers=self._headers))
+        _checked(await self._request("PUT", self._path(f"/variables/{var_id}"), json=body, headers=self._headers))
 
     async def get_variable(self, var_id: str, criteria: Criteria, timeout_s: float) -> VariableValue:
         params = {"criteria": criteria.value, "timeout_s": timeout_s}
-        resp = await self._http.get(
+        resp = await self._request(
+            "GET",
             self._path(f"/variables/{var_id}"),
             params=params,
             headers=self._headers,
@@ -90,7 +129,7 @@ class ApiTransport:
         raise ParrotError("the variable stream ended without a last line", status=502)
 
     async def list_variables(self) -> VariableList:
-        resp = await self._http.get(self._path("/variables"), headers=self._headers)
+        resp = await self._request("GET", self._path("/variables"), headers=self._headers)
         return VariableList.model_validate(_checked(resp))
 
     def _path(self, tail: str) -> str:

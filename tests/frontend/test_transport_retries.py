@@ -1,0 +1,111 @@
+"""The SDK's transport: transient faults are retried with backoff where that is safe, and an
+unreachable manager is a ParrotError(503), never a raw connection error."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from parrot.frontend.transport import ApiTransport
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import SubmitRequest
+from parrot.web.server_thread import ServerThread
+
+STATUS = {
+    "session_id": "s-1",
+    "num_variables": 0,
+    "num_calls": 0,
+    "num_calls_waiting": 0,
+    "num_calls_running": 0,
+    "num_calls_done": 0,
+    "num_calls_failed": 0,
+    "idle_timeout_s": 60.0,
+    "idle_s": 0.0,
+}
+
+
+def flaky_manager(failures: int, status: int) -> tuple[FastAPI, dict[str, int]]:
+    """Answers `failures` requests of each route with `status`, then as a manager would."""
+    app = FastAPI()
+    seen = {"status": 0, "submit": 0}
+
+    def answer(route: str, body: object) -> JSONResponse:
+        seen[route] += 1
+        if seen[route] <= failures:
+            error = {"error": {"message": "busy", "field": None, "status": status}}
+            return JSONResponse(error, status_code=status, headers={"Retry-After": "0"})
+        return JSONResponse(body)
+
+    @app.get("/v1/sessions/s-1")
+    async def session_status() -> JSONResponse:
+        return answer("status", STATUS)
+
+    @app.post("/v1/sessions/s-1/submit")
+    async def submit() -> JSONResponse:
+        return answer("submit", {"variables": [], "calls": []})
+
+    return app, seen
+
+
+def transport(url: str) -> ApiTransport:
+    api = ApiTransport(url, max_retries=3, backoff_s=0.01)
+    api.session_id = "s-1"
+    return api
+
+
+def test_reads_are_retried_through_transient_answers() -> None:
+    app, seen = flaky_manager(failures=2, status=503)
+    with ServerThread(app) as srv:
+
+        async def main() -> None:
+            api = transport(srv.url)
+            try:
+                assert (await api.status()).session_id == "s-1"
+                assert [seen["status"], api.num_retries] == [3, 2]
+                # A submit may have been applied: its 503 is the answer, never a second submit.
+                with pytest.raises(ParrotError) as info:
+                    await api.submit(SubmitRequest())
+                assert [info.value.status, seen["submit"]] == [503, 1]
+            finally:
+                await api.aclose()
+
+        asyncio.run(main())
+
+
+def test_a_read_gives_up_after_its_retries() -> None:
+    app, seen = flaky_manager(failures=10, status=502)
+    with ServerThread(app) as srv:
+
+        async def main() -> None:
+            api = transport(srv.url)
+            try:
+                with pytest.raises(ParrotError) as info:
+                    await api.status()
+                assert [info.value.status, seen["status"], api.num_retries] == [502, 4, 3]
+            finally:
+                await api.aclose()
+
+        asyncio.run(main())
+
+
+def test_an_unreachable_manager_is_a_parrot_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once the socket closes
+
+    async def main() -> None:
+        api = transport(f"http://127.0.0.1:{port}")
+        try:
+            with pytest.raises(ParrotError) as info:
+                await api.status()
+            assert info.value.status == 503
+            assert info.value.message.startswith("cannot reach the manager")
+            assert api.num_retries == 3
+        finally:
+            await api.aclose()
+
+    asyncio.run(main())
