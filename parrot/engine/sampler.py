@@ -32,15 +32,23 @@ def new_generator(params: SamplingParams) -> torch.Generator | None:
     return gen
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], native: bool = False) -> tuple[list[int], list[float]]:
+def sample(
+    logits: torch.Tensor, rows: list[SampleRow], native: bool = False, row_invariant: bool = False
+) -> tuple[list[int], list[float]]:
     """logits [B, V] (bf16 or float32) -> chosen token ids and their log-probabilities, computed
     in float32 (bf16 logits convert exactly). `native`: the caller's kernel library is built
-    (kernels.available()); bf16 logits then take one native argmax + logsumexp pass."""
+    (kernels.available()); bf16 logits then take one native argmax + logsumexp pass (per row).
+    `row_invariant`: each row's logprob must not depend on B; torch splits a lone row's logsumexp
+    over its threads, so the torch path then reduces row by row (at any B)."""
     if native and logits.dtype == torch.bfloat16:
         chosen, lse = kernels.argmax_logsumexp(logits)  # one native pass, no float copy
     else:
         logits = logits.float()
-        chosen, lse = logits.argmax(dim=-1), torch.logsumexp(logits, dim=-1)
+        chosen = logits.argmax(dim=-1)
+        if row_invariant:
+            lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+        else:
+            lse = torch.logsumexp(logits, dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         idx = torch.tensor(sampled)

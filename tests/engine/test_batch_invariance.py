@@ -1,0 +1,127 @@
+"""Batch-invariant mode in bf16 (`EngineConfig.batch_invariant`): a sequence's tokens and logprobs
+are bit-identical alone, in a concurrent batch, from a forked prefix and with chunked prefill; and
+the row-invariant linear gives each row the same bits at every row count."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from parrot.engine import kernels, sync_client
+from parrot.engine.config import EngineConfig
+from parrot.engine.llm_engine import LLMEngine
+from parrot.engine.model.loader import write_tiny_model
+from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+
+Output = tuple[list[int], list[float]]
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+
+
+def seeded(i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, top_p=0.9, seed=i)
+
+
+@pytest.fixture(scope="module")
+def bf16_model_folder(tmp_path_factory: pytest.TempPathFactory, default_model_folder: Path) -> Path:
+    """The tiny model with head_dim 32, the smallest the native attention and RoPE kernels take."""
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny32", tokenizer_from=default_model_folder, head_dim=32
+    )
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["native", "torch"])
+def engine(request: pytest.FixtureRequest, bf16_model_folder: Path) -> object:
+    if request.param and not kernels.available():
+        pytest.skip(f"native kernels {kernels.status()}")
+    config = EngineConfig(
+        model=str(bf16_model_folder), dtype="bfloat16", batch_invariant=True, cpu_kernels=request.param
+    )
+    eng = LLMEngine(config)
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 40000) for _ in range(n)]
+
+
+def outputs(events: list) -> Output:
+    return [e.token_id for e in events if e.token_id is not None], [e.logprob for e in events]
+
+
+def alone(engine: LLMEngine, tokens: list[int], sampling: SamplingParams) -> Output:
+    sync_client.fill(engine, FillRequest(context_id="alone", token_ids=tokens))
+    out = outputs(sync_client.generate(engine, GenerateRequest(context_id="alone", sampling=sampling)))
+    engine.free_context(FreeContextRequest(context_id="alone"))
+    return out
+
+
+def together(
+    engine: LLMEngine, tokens: list[list[int]], samplings: list[SamplingParams], parent: str | None = None
+) -> list[Output]:
+    """All at once: each fill and generate submitted before any is awaited (one batch)."""
+    handles = []
+    for i, t in enumerate(tokens):
+        sync_client.submit_fill(engine, FillRequest(context_id=f"c{i}", token_ids=t, parent_context_id=parent))
+        handles.append(sync_client.submit_generate(engine, GenerateRequest(context_id=f"c{i}", sampling=samplings[i])))
+    outs = [outputs(sync_client.wait_generate(h)) for h in handles]
+    for i in range(len(tokens)):
+        engine.free_context(FreeContextRequest(context_id=f"c{i}"))
+    return outs
+
+
+def test_row_invariant_linear_is_bit_identical_at_every_row_count() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 80, generator=gen).bfloat16()  # K = 80: a masked tail after 64
+    w = torch.randn(13, 80, generator=gen).bfloat16()  # N = 13: 12 in 4-row blocks, 1 left over
+    b = torch.randn(13, generator=gen).bfloat16()
+    with torch.inference_mode():
+        ref = torch.cat([kernels.linear(x[i : i + 1], w, b, row_invariant=True) for i in range(40)])
+        for m in range(1, 41):
+            assert torch.equal(kernels.linear(x[:m], w, b, row_invariant=True), ref[:m]), m
+        assert torch.equal(kernels.rowwise_linear(x, w, b)[7], kernels.rowwise_linear(x[7:8], w, b)[0])
+
+
+def test_alone_equals_concurrent_batch(engine: LLMEngine) -> None:
+    prompts = [prompt(i, 5 + 7 * i) for i in range(12)]  # 5 .. 82 tokens
+    samplings = [GREEDY if i % 2 else seeded(i) for i in range(12)]
+    expected = [alone(engine, p, s) for p, s in zip(prompts, samplings, strict=True)]
+    assert together(engine, prompts, samplings) == expected
+
+
+def test_forked_prefix_equals_one_fill(engine: LLMEngine) -> None:
+    prefix = prompt(100, 37)  # not a multiple of the block size: the fork copies a partial block
+    suffixes = [prompt(200 + i, 3 + 5 * i) for i in range(8)]
+    samplings = [GREEDY if i % 2 else seeded(i) for i in range(8)]
+    expected = [alone(engine, prefix + s, sp) for s, sp in zip(suffixes, samplings, strict=True)]
+    sync_client.fill(engine, FillRequest(context_id="prefix", token_ids=prefix))
+    try:
+        assert together(engine, suffixes, samplings, parent="prefix") == expected
+    finally:
+        engine.free_context(FreeContextRequest(context_id="prefix"))
+
+
+def test_chunked_prefill_equals_one_shot(engine: LLMEngine, bf16_model_folder: Path) -> None:
+    """A 7-token step budget cuts prompts into chunks of every size (1-token chunks included)."""
+    config = EngineConfig(
+        model=str(bf16_model_folder),
+        dtype="bfloat16",
+        batch_invariant=True,
+        cpu_kernels=engine.config.cpu_kernels,
+        max_num_batched_tokens=7,
+        latency_prefill_tokens=None,
+    )
+    chunked = LLMEngine(config)
+    chunked.start()
+    try:
+        prompts = [prompt(300 + i, 9 + 11 * i) for i in range(4)]
+        samplings = [GREEDY, seeded(1), GREEDY, seeded(3)]
+        expected = [alone(engine, p, s) for p, s in zip(prompts, samplings, strict=True)]
+        assert together(chunked, prompts, samplings) == expected
+    finally:
+        chunked.stop()
