@@ -61,7 +61,9 @@ def sample(
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)[:, None]
     probs = torch.softmax(logits / temps, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Stable: bf16 logits tie often, and an unstable sort may order tied tokens differently by
+    # batch size, which moves the sampled position onto another token.
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     vocab = logits.shape[-1]
     # top-k: keep the first k of the sorted row (0 = all).
     ks = torch.tensor([r.params.top_k or vocab for r in rows])[:, None]

@@ -75,16 +75,28 @@ def together(
     return outs
 
 
-def test_row_invariant_linear_is_bit_identical_at_every_row_count() -> None:
+@pytest.mark.parametrize("n, k", [(48, 80), (13, 80)])  # VNNI-packed; N = 13: the dot kernel, 1 column left over
+def test_row_invariant_linear_is_bit_identical_at_every_row_count(n: int, k: int) -> None:
+    if not kernels.available():
+        pytest.skip(f"native kernels {kernels.status()}")
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 80, generator=gen).bfloat16()  # K = 80: a masked tail after 64
-    w = torch.randn(13, 80, generator=gen).bfloat16()  # N = 13: 12 in 4-row blocks, 1 left over
-    b = torch.randn(13, generator=gen).bfloat16()
+    x = torch.randn(100, k, generator=gen).bfloat16()  # 100 rows: several 48-row panels of 6-row blocks
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16()
+    packed = kernels.pack_vnni(w)
+    assert (packed is None) == (n % 16 != 0)
     with torch.inference_mode():
-        ref = torch.cat([kernels.linear(x[i : i + 1], w, b, row_invariant=True) for i in range(40)])
-        for m in range(1, 41):
-            assert torch.equal(kernels.linear(x[:m], w, b, row_invariant=True), ref[:m]), m
-        assert torch.equal(kernels.rowwise_linear(x, w, b)[7], kernels.rowwise_linear(x[7:8], w, b)[0])
+        ref = torch.cat([kernels.linear(x[i : i + 1], w, b, packed, row_invariant=True) for i in range(100)])
+        for m in range(1, 101):
+            assert torch.equal(kernels.linear(x[:m], w, b, packed, row_invariant=True), ref[:m]), m
+        assert (ref.float() - torch.nn.functional.linear(x.float(), w.float(), b.float())).abs().max() < 0.25
+
+
+def test_rowwise_linear_fallback_is_per_row() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(9, 80, generator=gen).bfloat16(), torch.randn(13, 80, generator=gen).bfloat16()
+    for i in range(9):
+        assert torch.equal(kernels.rowwise_linear(x, w)[i], kernels.rowwise_linear(x[i : i + 1], w)[0])
 
 
 def test_alone_equals_concurrent_batch(engine: LLMEngine) -> None:

@@ -1,7 +1,7 @@
 """The batch-invariant transform: `apply_batch_invariant(model)` swaps a loaded model's projections
 and LM head, in place, for pieces whose per-row result does not depend on how many rows the step
-has (`ops.linear(..., row_invariant=True)`: the AVX512 dot kernel at every row count, or torch
-one row at a time where the kernel cannot run).
+has (`ops.linear(..., row_invariant=True)`: the VNNI kernel over weights packed by
+`ops.pack_vnni` at every row count, or torch one row at a time where no kernel can run).
 
 Why only these: a matmul library picks its kernel (and so its summation order) by the number of
 rows: the dot kernel up to 4 rows, AMX up to 128, oneDNN above, each rounding differently. The
@@ -17,10 +17,15 @@ import torch
 from torch import nn
 
 from parrot.engine.kernels import ops
+from parrot.engine.kernels.transform import PackedWeight
 from parrot.engine.model.layers import Linear, LMHead
 
 
 class RowInvariantLinear(Linear):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.packed = PackedWeight(ops.pack_vnni)
+
     @classmethod
     def of(cls, linear: Linear) -> RowInvariantLinear:
         with torch.device("meta"):  # no memory: the parameters are the replaced module's
@@ -29,10 +34,14 @@ class RowInvariantLinear(Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias, row_invariant=True)
+        return ops.linear(x, self.weight, self.bias, self.packed.get(self.weight), row_invariant=True)
 
 
 class RowInvariantLMHead(LMHead):
+    def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
+        super().__init__(hidden_size, vocab_size, tied)
+        self.packed = PackedWeight(ops.pack_vnni)
+
     @classmethod
     def of(cls, head: LMHead) -> RowInvariantLMHead:
         with torch.device("meta"):
@@ -41,7 +50,8 @@ class RowInvariantLMHead(LMHead):
         return new
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
-        return ops.linear(hidden, self.head_weight(embed_weight), None, row_invariant=True)
+        w = self.head_weight(embed_weight)
+        return ops.linear(hidden, w, None, self.packed.get(w), row_invariant=True)
 
 
 def apply_batch_invariant(model: nn.Module) -> int:
