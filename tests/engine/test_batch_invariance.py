@@ -75,7 +75,7 @@ def together(
     return outs
 
 
-@pytest.mark.parametrize("n, k", [(48, 80), (13, 80)])  # VNNI-packed; N = 13: the dot kernel, 1 column left over
+@pytest.mark.parametrize(("n", "k"), [(48, 80), (13, 80)])  # VNNI-packed; N = 13: the dot kernel, 1 column left over
 def test_row_invariant_linear_is_bit_identical_at_every_row_count(n: int, k: int) -> None:
     if not kernels.available():
         pytest.skip(f"native kernels {kernels.status()}")
