@@ -2,7 +2,7 @@
 
     python -m benchmarks.invariance_check [--batch-invariant | --no-batch-invariant] [--attention paged]
 
-32 chat prompts of different lengths (one shared system prompt), bf16 by default. Each prompt
+32 chat prompts of different lengths (one shared ~700-token system prompt), bf16 by default. Each prompt
 runs alone (one fill, then generate), then all 32 run at once: (1) each filled in one piece, and
 (2) each forked from one shared context holding the system prompt (prefix sharing). Greedy and
 seeded sampling. Prints, per comparison, how many of the 32 outputs are identical to the alone run:
@@ -21,9 +21,17 @@ from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
 
-SYSTEM = (
-    "You are a careful assistant. Answer in plain sentences, give one concrete example when it helps, "
-    "and say so when you are not sure. Keep answers short unless the question asks for detail."
+RULES = [
+    "Answer in plain sentences and define any technical word the first time you use it.",
+    "Give one concrete example when it helps, taken from everyday life where possible.",
+    "Say so when you are not sure, and say what would settle the question.",
+    "Keep answers short unless the question asks for detail; never pad an answer.",
+    "Prefer numbers with units over vague words such as many, large or soon.",
+    "When a question has a common misconception behind it, name the misconception gently.",
+]
+# Long enough (~700 tokens) that forked chats share a prefix the shared-prefix cascade attends once.
+SYSTEM = "You are a careful assistant for students. " + " ".join(
+    f"Rule {i + 1}: {RULES[i % len(RULES)]}" for i in range(36)
 )
 TOPICS = [
     "the water cycle", "photosynthesis", "how a bicycle stays upright", "why the sky is blue", "compound interest",
@@ -90,6 +98,36 @@ def run_together(
     return outs
 
 
+def check(engine: LLMEngine, max_tokens: int) -> dict[str, int]:
+    """Run every comparison on `engine`, print each, and return {comparison: identical of 32}."""
+    n = len(TOPICS)
+    prefix, suffixes = prompts(engine)
+    modes = {
+        "greedy": [SamplingParams(max_tokens=max_tokens, ignore_eos=True)] * n,
+        "seeded": [
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.8, top_p=0.95, seed=i)
+            for i in range(n)
+        ],
+    }
+    results = {}
+    for mode, sp in modes.items():
+        t0 = time.perf_counter()
+        alone = run_alone(engine, prefix, suffixes, sp)
+        for fork in (False, True):
+            together = run_together(engine, prefix, suffixes, sp, fork)
+            same_tokens = sum(x[0] == y[0] for x, y in zip(alone, together, strict=True))
+            same_bits = sum(x == y for x, y in zip(alone, together, strict=True))
+            how = "forked from a shared system prompt" if fork else "each filled in one piece"
+            print(
+                f"{mode}: alone vs {n} concurrent, {how}: {same_tokens}/{n} identical tokens, "
+                f"{same_bits}/{n} bit-equal logprobs",
+                flush=True,
+            )
+            results[f"{mode}, {'forked' if fork else 'one fill'}"] = same_tokens
+        print(f"  ({mode}: {time.perf_counter() - t0:.0f} s)", flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -110,34 +148,13 @@ def main() -> None:
     )
     engine = LLMEngine(config)
     engine.start()
-    n = len(TOPICS)
     stats = engine.stats()
     print(
-        f"{a.model} {a.dtype}, attention {a.attention}, kernels {stats.native_kernels}, "
-        f"batch_invariant={a.batch_invariant}, {n} prompts, {a.max_tokens} tokens each"
+        f"{a.model} {a.dtype}, attention {engine.runner.backend.name}, kernels {stats.native_kernels}, "
+        f"batch_invariant={a.batch_invariant}, {len(TOPICS)} prompts, {a.max_tokens} tokens each"
     )
     try:
-        prefix, suffixes = prompts(engine)
-        modes = {
-            "greedy": [SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)] * n,
-            "seeded": [
-                SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, temperature=0.8, top_p=0.95, seed=i)
-                for i in range(n)
-            ],
-        }
-        for mode, sp in modes.items():
-            t0 = time.perf_counter()
-            alone = run_alone(engine, prefix, suffixes, sp)
-            for fork in (False, True):
-                together = run_together(engine, prefix, suffixes, sp, fork)
-                same_tokens = sum(x[0] == y[0] for x, y in zip(alone, together, strict=True))
-                same_bits = sum(x == y for x, y in zip(alone, together, strict=True))
-                how = "forked from a shared system prompt" if fork else "each filled in one piece"
-                print(
-                    f"{mode}: alone vs {n} concurrent, {how}: {same_tokens}/{n} identical tokens, "
-                    f"{same_bits}/{n} bit-equal logprobs"
-                )
-            print(f"  ({mode}: {time.perf_counter() - t0:.0f} s)", flush=True)
+        check(engine, a.max_tokens)
     finally:
         engine.stop()
 

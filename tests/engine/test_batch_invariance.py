@@ -4,12 +4,14 @@ the row-invariant linear gives each row the same bits at every row count."""
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 
 import pytest
 import torch
 
+from parrot import cli
 from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
@@ -100,15 +102,15 @@ def test_rowwise_linear_fallback_is_per_row() -> None:
 
 
 def test_alone_equals_concurrent_batch(engine: LLMEngine) -> None:
-    prompts = [prompt(i, 5 + 7 * i) for i in range(12)]  # 5 .. 82 tokens
+    prompts = [prompt(i, 5 + 53 * i) for i in range(12)]  # 5 .. 588 tokens
     samplings = [GREEDY if i % 2 else seeded(i) for i in range(12)]
     expected = [alone(engine, p, s) for p, s in zip(prompts, samplings, strict=True)]
     assert together(engine, prompts, samplings) == expected
 
 
 def test_forked_prefix_equals_one_fill(engine: LLMEngine) -> None:
-    prefix = prompt(100, 37)  # not a multiple of the block size: the fork copies a partial block
-    suffixes = [prompt(200 + i, 3 + 5 * i) for i in range(8)]
+    prefix = prompt(100, 301)  # not a multiple of the block size: the fork copies a partial block
+    suffixes = [prompt(200 + i, 3 + 37 * i) for i in range(8)]
     samplings = [GREEDY if i % 2 else seeded(i) for i in range(8)]
     expected = [alone(engine, prefix + s, sp) for s, sp in zip(suffixes, samplings, strict=True)]
     sync_client.fill(engine, FillRequest(context_id="prefix", token_ids=prefix))
@@ -131,9 +133,18 @@ def test_chunked_prefill_equals_one_shot(engine: LLMEngine, bf16_model_folder: P
     chunked = LLMEngine(config)
     chunked.start()
     try:
-        prompts = [prompt(300 + i, 9 + 11 * i) for i in range(4)]
+        prompts = [prompt(300 + i, 9 + 100 * i) for i in range(4)]  # up to 309 tokens
         samplings = [GREEDY, seeded(1), GREEDY, seeded(3)]
         expected = [alone(engine, p, s) for p, s in zip(prompts, samplings, strict=True)]
         assert together(chunked, prompts, samplings) == expected
     finally:
         chunked.stop()
+
+
+def test_engine_reports_the_mode_and_the_cli_sets_it(engine: LLMEngine) -> None:
+    assert engine.stats().batch_invariant
+    assert engine.runner.backend.name == "rowwise"  # the configured shared-prefix cascade is replaced
+    parser = argparse.ArgumentParser()
+    cli._engine_args(parser)
+    assert cli._engine_config(parser.parse_args(["--batch-invariant"])).batch_invariant
+    assert not cli._engine_config(parser.parse_args([])).batch_invariant
