@@ -1,6 +1,6 @@
 """Batch invariance on the real model: does a chat's output depend on what else runs?
 
-    python -m benchmarks.invariance_check [--batch-invariant | --no-batch-invariant] [--attention paged]
+    python -m benchmarks.invariance_check [--no-batch-invariant [--attention paged]]
 
 32 chat prompts of different lengths (one shared ~700-token system prompt), bf16 by default. Each prompt
 runs alone (one fill, then generate), then all 32 run at once: (1) each filled in one piece, and
@@ -151,7 +151,7 @@ def main() -> None:
     stats = engine.stats()
     print(
         f"{a.model} {a.dtype}, attention {engine.runner.backend.name}, kernels {stats.native_kernels}, "
-        f"batch_invariant={a.batch_invariant}, {len(TOPICS)} prompts, {a.max_tokens} tokens each"
+        f"batch_invariant={engine.batch_invariant}, {len(TOPICS)} prompts, {a.max_tokens} tokens each"
     )
     try:
         check(engine, a.max_tokens)

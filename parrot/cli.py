@@ -30,7 +30,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,
         default=d.batch_invariant,
-        help="a sequence's output does not depend on its batch, chunking or forked prefix (costs speed)",
+        help="a sequence's output does not depend on its batch, chunking or forked prefix "
+        "(default: on where the native CPU kernels run)",
     )
     p.add_argument("--threads", type=int, default=None)
 

@@ -69,7 +69,8 @@ class LLMEngine:
         self.model = load_model(self.model_folder, dtype)
         native = self._apply_native_kernels()
         attention = config.attention
-        if config.batch_invariant:
+        self.batch_invariant = native if config.batch_invariant is None else config.batch_invariant
+        if self.batch_invariant:
             # Row-invariant projections, and one per-row attention kernel for every row (the
             # configured backend's shared-prefix cascade and SDPA prefill reduce in batch-dependent orders).
             kernels.apply_batch_invariant(self.model)
@@ -92,7 +93,7 @@ class LLMEngine:
         self.contexts = ContextTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
         backend = make_backend(attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
-        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, config.batch_invariant)
+        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, self.batch_invariant)
         self._cv = threading.Condition()
         self._job_ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -201,7 +202,7 @@ class LLMEngine:
                 num_decode_tokens=self._num_decode_tokens,
                 step_ms_by_num_tokens=dict(self._step_ms),
                 native_kernels=self.native_kernels,
-                batch_invariant=self.config.batch_invariant,
+                batch_invariant=self.batch_invariant,
             )
 
     def start_trace(self, max_steps: int = 100_000) -> None:

@@ -146,5 +146,6 @@ def test_engine_reports_the_mode_and_the_cli_sets_it(engine: LLMEngine) -> None:
     assert engine.runner.backend.name == "rowwise"  # the configured shared-prefix cascade is replaced
     parser = argparse.ArgumentParser()
     cli._engine_args(parser)
-    assert cli._engine_config(parser.parse_args(["--batch-invariant"])).batch_invariant
-    assert not cli._engine_config(parser.parse_args([])).batch_invariant
+    assert cli._engine_config(parser.parse_args(["--batch-invariant"])).batch_invariant is True
+    assert cli._engine_config(parser.parse_args(["--no-batch-invariant"])).batch_invariant is False
+    assert cli._engine_config(parser.parse_args([])).batch_invariant is None  # on where the kernels run
