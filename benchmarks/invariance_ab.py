@@ -33,7 +33,7 @@ def batch_prefill_ms(timer: StepTimer, n: int, batch: int) -> float:
     t0 = time.perf_counter()
     handles = []
     for c in cids:
-        sync_client.submit_fill(eng, FillRequest(context_id=c, token_ids=timer._prompt(n)))
+        sync_client.submit_fill(eng, FillRequest(context_id=c, token_ids=timer.prompt(n)))
         req = GenerateRequest(context_id=c, sampling=SamplingParams(max_tokens=1))
         handles.append(sync_client.submit_generate(eng, req))
     for h in handles:

@@ -68,14 +68,11 @@ class LLMEngine:
         dtype = DTYPES[config.dtype]
         self.model = load_model(self.model_folder, dtype)
         native = self._apply_native_kernels()
-        attention = config.attention
         self.batch_invariant = native if config.batch_invariant is None else config.batch_invariant
-        if self.batch_invariant:
-            # Row-invariant projections, and one per-row attention kernel for every row (the
-            # configured backend's shared-prefix cascade and SDPA prefill reduce in batch-dependent orders).
+        if self.batch_invariant:  # row-invariant linears; every row through one per-row attention kernel
             kernels.apply_batch_invariant(self.model)
-            attention = "rowwise"
-            log.info("batch-invariant mode: row-invariant linears, rowwise attention (was %r)", config.attention)
+            log.info("batch-invariant mode: row-invariant linears, rowwise attention (not %r)", config.attention)
+        attention = "rowwise" if self.batch_invariant else config.attention
         self.tokenizer = Tokenizer(self.model_folder)
         mc = self.model.cfg
         self.max_model_len = mc.max_position_embeddings
