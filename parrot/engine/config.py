@@ -27,7 +27,7 @@ class EngineConfig:
     cpu_kernels: bool = True  # native CPU kernels for bf16 models: applied once at load (kernels.apply_native)
     # Every kernel reduces in an order fixed per row, so a sequence's logits do not depend on its
     # batch, its prefill chunking or a forked prefix. None: on where the native kernels run the
-    # model (bf16 on AVX512-BF16; there it costs nothing measurable), off elsewhere (its torch
+    # model and its attention (bf16 on AVX512-BF16; there it costs nothing), off elsewhere (its torch
     # fallbacks run one row at a time: slow; float32 was invariant in every run measured anyway).
     batch_invariant: bool | None = None
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default

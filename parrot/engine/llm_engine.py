@@ -68,13 +68,14 @@ class LLMEngine:
         dtype = DTYPES[config.dtype]
         self.model = load_model(self.model_folder, dtype)
         native = self._apply_native_kernels()
-        self.batch_invariant = native if config.batch_invariant is None else config.batch_invariant
+        mc = self.model.cfg  # auto: on where the kernels run the linears and the attention too
+        auto = native and kernels.paged_decode_supported(dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        self.batch_invariant = auto if config.batch_invariant is None else config.batch_invariant
         if self.batch_invariant:  # row-invariant linears; every row through one per-row attention kernel
             kernels.apply_batch_invariant(self.model)
             log.info("batch-invariant mode: row-invariant linears, rowwise attention (not %r)", config.attention)
         attention = "rowwise" if self.batch_invariant else config.attention
         self.tokenizer = Tokenizer(self.model_folder)
-        mc = self.model.cfg
         self.max_model_len = mc.max_position_embeddings
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

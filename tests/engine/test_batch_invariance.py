@@ -149,3 +149,14 @@ def test_engine_reports_the_mode_and_the_cli_sets_it(engine: LLMEngine) -> None:
     assert cli._engine_config(parser.parse_args(["--batch-invariant"])).batch_invariant is True
     assert cli._engine_config(parser.parse_args(["--no-batch-invariant"])).batch_invariant is False
     assert cli._engine_config(parser.parse_args([])).batch_invariant is None  # on where the kernels run
+
+
+def test_default_is_on_where_the_kernels_run_linears_and_attention(
+    bf16_model_folder: Path, tiny_model_folder: Path
+) -> None:
+    """head_dim 16 is too small for the native attention: the default leaves the mode off there."""
+    on = kernels.available()
+    assert LLMEngine(EngineConfig(model=str(bf16_model_folder), dtype="bfloat16")).batch_invariant == on
+    assert not LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="bfloat16")).batch_invariant
+    assert not LLMEngine(EngineConfig(model=str(bf16_model_folder), dtype="float32")).batch_invariant
+    assert not LLMEngine(EngineConfig(model=str(bf16_model_folder), cpu_kernels=False)).batch_invariant
