@@ -38,8 +38,8 @@ def sample(
     """logits [B, V] (bf16 or float32) -> chosen token ids and their log-probabilities, computed
     in float32 (bf16 logits convert exactly). `native`: the caller's kernel library is built
     (kernels.available()); bf16 logits then take one native argmax + logsumexp pass (per row).
-    `row_invariant`: each row's logprob must not depend on B; torch splits a lone row's logsumexp
-    over its threads, so the torch path then reduces row by row (at any B)."""
+    `row_invariant`: each row's logprob must not depend on B; torch's logsumexp of one row and of
+    the same row among others differed here (by a float ulp), so the torch path then reduces row by row."""
     if native and logits.dtype == torch.bfloat16:
         chosen, lse = kernels.argmax_logsumexp(logits)  # one native pass, no float copy
     else:

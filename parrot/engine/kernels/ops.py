@@ -58,7 +58,7 @@ def pack_vnni(weight: torch.Tensor) -> torch.Tensor | None:
 
 def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` one row at a time: each row takes torch's one-row path, so its result does not
-    depend on the other rows (the batch-invariant fallback where the dot kernel cannot run; slow)."""
+    depend on the other rows (the batch-invariant fallback where no native kernel runs; slow)."""
     if x.dim() != 2 or x.shape[0] <= 1:
         return F.linear(x, weight, bias)
     return torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
