@@ -34,7 +34,7 @@ class StepTimer:
         self.rng = random.Random(seed)
         self.ids = itertools.count()
 
-    def _prompt(self, n: int) -> list[int]:
+    def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(100, 40000) for _ in range(n)]
 
     def decode_ms(self, batch: int, steps: int = 12) -> float:
@@ -42,7 +42,7 @@ class StepTimer:
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
         for c in cids:
-            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self._prompt(32)))
+            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self.prompt(32)))
         eng.stop()
         sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
         for c in cids:
@@ -64,7 +64,7 @@ class StepTimer:
     def prefill_ms(self, n: int) -> float:
         cid = f"p{next(self.ids)}"
         t0 = time.perf_counter()
-        sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(n)))
+        sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self.prompt(n)))
         req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
         sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
         elapsed = time.perf_counter() - t0

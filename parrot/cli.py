@@ -30,6 +30,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--attention", default=d.attention, help="attention backend: paged | shared_prefix")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=d.batch_invariant,
+        help="a sequence's output does not depend on its batch, chunking or forked prefix "
+        "(default: on where the native CPU kernels run)",
+    )
     p.add_argument("--threads", type=int, default=None)
 
 
@@ -41,6 +48,7 @@ def _engine_config(a: argparse.Namespace) -> EngineConfig:
         block_size=a.block_size,
         attention=a.attention,
         max_num_batched_tokens=a.max_num_batched_tokens,
+        batch_invariant=a.batch_invariant,
         num_threads=a.threads,
     )
 

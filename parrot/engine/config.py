@@ -25,6 +25,11 @@ class EngineConfig:
     aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
     attention: str = "shared_prefix"  # registered backend (attention/registry.py); "paged" = per-context
     cpu_kernels: bool = True  # native CPU kernels for bf16 models: applied once at load (kernels.apply_native)
+    # Every kernel reduces in an order fixed per row, so a sequence's logits do not depend on its
+    # batch, its prefill chunking or a forked prefix. None: on where the native kernels run the
+    # model and its attention (bf16 on AVX512-BF16; there it costs nothing), off elsewhere (its torch
+    # fallbacks run one row at a time: slow; float32 was invariant in every run measured anyway).
+    batch_invariant: bool | None = None
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     name: str | None = None  # model name reported to clients; default: derived from `model`
 

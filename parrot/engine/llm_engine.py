@@ -68,8 +68,14 @@ class LLMEngine:
         dtype = DTYPES[config.dtype]
         self.model = load_model(self.model_folder, dtype)
         native = self._apply_native_kernels()
+        mc = self.model.cfg  # auto: on where the kernels run the linears and the attention too
+        auto = native and kernels.paged_decode_supported(dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        self.batch_invariant = auto if config.batch_invariant is None else config.batch_invariant
+        if self.batch_invariant:  # row-invariant linears; every row through one per-row attention kernel
+            kernels.apply_batch_invariant(self.model)
+            log.info("batch-invariant mode: row-invariant linears, rowwise attention (not %r)", config.attention)
+        attention = "rowwise" if self.batch_invariant else config.attention
         self.tokenizer = Tokenizer(self.model_folder)
-        mc = self.model.cfg
         self.max_model_len = mc.max_position_embeddings
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -84,8 +90,8 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks)
         self.contexts = ContextTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
-        backend = make_backend(config.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
-        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native_sampling=native)
+        backend = make_backend(attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
+        self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, self.batch_invariant)
         self._cv = threading.Condition()
         self._job_ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -197,6 +203,7 @@ class LLMEngine:
                 num_reused_tokens=self.scheduler.num_reused_tokens,
                 step_ms_by_num_tokens=dict(self._step_ms),
                 native_kernels=self.native_kernels,
+                batch_invariant=self.batch_invariant,
             )
 
     def start_trace(self, max_steps: int = 100_000) -> None:

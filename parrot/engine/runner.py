@@ -24,9 +24,11 @@ class ModelRunner:
         backend: PagedAttention,
         contexts: ContextTable,
         native_sampling: bool = False,
+        row_invariant: bool = False,
     ) -> None:
         self.model = model
         self.native_sampling = native_sampling  # the native argmax + logsumexp (kernels built)
+        self.row_invariant = row_invariant  # sampling reduces each row alone (batch-invariant mode)
         self.cache = cache
         self.backend = backend
         self.contexts = contexts
@@ -71,4 +73,4 @@ class ModelRunner:
         if not sample_rows:
             return [], []
         logits = self.model.logits(hidden[torch.tensor(sample_rows)], as_float=False)
-        return sample(logits, rows, self.native_sampling)
+        return sample(logits, rows, self.native_sampling, self.row_invariant)

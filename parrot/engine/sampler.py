@@ -32,15 +32,23 @@ def new_generator(params: SamplingParams) -> torch.Generator | None:
     return gen
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], native: bool = False) -> tuple[list[int], list[float]]:
+def sample(
+    logits: torch.Tensor, rows: list[SampleRow], native: bool = False, row_invariant: bool = False
+) -> tuple[list[int], list[float]]:
     """logits [B, V] (bf16 or float32) -> chosen token ids and their log-probabilities, computed
     in float32 (bf16 logits convert exactly). `native`: the caller's kernel library is built
-    (kernels.available()); bf16 logits then take one native argmax + logsumexp pass."""
+    (kernels.available()); bf16 logits then take one native argmax + logsumexp pass (per row).
+    `row_invariant`: each row's logprob must not depend on B; torch's logsumexp of one row and of
+    the same row among others differed here (by a float ulp), so the torch path then reduces row by row."""
     if native and logits.dtype == torch.bfloat16:
         chosen, lse = kernels.argmax_logsumexp(logits)  # one native pass, no float copy
     else:
         logits = logits.float()
-        chosen, lse = logits.argmax(dim=-1), torch.logsumexp(logits, dim=-1)
+        chosen = logits.argmax(dim=-1)
+        if row_invariant:
+            lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+        else:
+            lse = torch.logsumexp(logits, dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         idx = torch.tensor(sampled)
@@ -53,7 +61,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], native: bool = False) ->
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)[:, None]
     probs = torch.softmax(logits / temps, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Stable: bf16 logits tie often, and an unstable sort may order tied tokens differently by
+    # batch size, which moves the sampled position onto another token.
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     vocab = logits.shape[-1]
     # top-k: keep the first k of the sorted row (0 = all).
     ks = torch.tensor([r.params.top_k or vocab for r in rows])[:, None]

@@ -125,6 +125,7 @@ class EngineStats(_Msg):
     # compiler, a CPU without AVX512-BF16, a failed build, float32 weights). "none": an engine
     # without native kernels (adapters of other servers).
     native_kernels: str = "none"
+    batch_invariant: bool = False  # outputs do not depend on the batch (EngineConfig.batch_invariant)
 
 
 def check_context_ids(

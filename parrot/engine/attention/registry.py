@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from parrot.engine.attention.base import PagedAttention
+from parrot.engine.attention.rowwise import RowwiseAttention
 from parrot.engine.attention.shared_prefix_backend import TritonSharedPrefixAttention, make_shared_prefix
 from parrot.engine.kv.cache import KVCache
 
@@ -17,6 +18,7 @@ from parrot.engine.kv.cache import KVCache
 BackendFactory = Callable[[KVCache, int, int, int, bool], PagedAttention]
 _BACKENDS: dict[str, BackendFactory] = {
     PagedAttention.name: PagedAttention,
+    RowwiseAttention.name: RowwiseAttention,  # every row per row: the batch-invariant mode's
     "shared_prefix": make_shared_prefix,  # picks the implementation by the cache's device
     TritonSharedPrefixAttention.name: TritonSharedPrefixAttention,
 }

@@ -10,7 +10,8 @@ in the process.
 - library.py: builds cpu_kernels.c with gcc once per process (ctypes), its signatures, `status()`;
 - ops.py: the native ops with their torch fallbacks (linear, RMSNorm, RoPE, SiLU*up, argmax);
 - decode.py: decode attention over the paged KV cache (per context and shared-prefix cascade);
-- transform.py: the native model pieces and `apply_native`.
+- transform.py: the native model pieces and `apply_native`;
+- invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count.
 This package may import parrot.engine.model (to transform it); the model never imports it.
 """
 
@@ -23,6 +24,7 @@ from parrot.engine.kernels.decode import (
     paged_decode_on,
     paged_decode_supported,
 )
+from parrot.engine.kernels.invariant import apply_batch_invariant
 from parrot.engine.kernels.library import SIGNATURES, amx_available, available, cpu_supports_bf16_dot, load, status
 from parrot.engine.kernels.ops import (
     AMX_MAX_ROWS,
@@ -32,8 +34,10 @@ from parrot.engine.kernels.ops import (
     argmax_logsumexp,
     linear,
     pack_amx,
+    pack_vnni,
     rms_norm,
     rope,
+    rowwise_linear,
     silu_mul,
 )
 from parrot.engine.kernels.transform import NativeReport, apply_native
@@ -47,6 +51,7 @@ __all__ = [
     "NativeRotaryStep",
     "add_rms_norm",
     "amx_available",
+    "apply_batch_invariant",
     "apply_native",
     "argmax_logsumexp",
     "available",
@@ -55,11 +60,13 @@ __all__ = [
     "linear",
     "load",
     "pack_amx",
+    "pack_vnni",
     "paged_decode",
     "paged_decode_on",
     "paged_decode_supported",
     "rms_norm",
     "rope",
+    "rowwise_linear",
     "silu_mul",
     "status",
 ]

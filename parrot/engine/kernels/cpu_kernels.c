@@ -5,7 +5,8 @@
  *    speed is memory bandwidth. oneDNN's bf16 path reaches ~8 GB/s there on this class of machine;
  *    this kernel streams each weight row once for all rows (vdpbf16ps, fp32 accumulation, software
  *    prefetch) and reaches ~15 GB/s.
- * 2. parrot_linear_amx: the same for 5..128 rows, over weights prepacked into AMX tiles.
+ * 2. parrot_linear_amx: the same for 5..128 rows, over weights prepacked into AMX tiles;
+ *    parrot_linear_vnni: any number of rows, each summed in one fixed order (batch-invariant mode).
  * 3. parrot_paged_decode: one query token per sequence over its paged KV, read in place;
  *    parrot_cascade_decode: the same with shared prefixes read once for all the rows sharing them.
  * 4. parrot_argmax_logsumexp: greedy choice and log-normalizer of bf16 logits.
@@ -109,6 +110,79 @@ void parrot_linear_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, const
         }
     }
     for (int64_t n = num_blocks * ROWS; n < N; n++) one_column(x, ldx, M, w, K, bias, y, n, N);
+}
+
+/* ---- Row-invariant linear: one kernel for every row count (the batch-invariant mode) --------
+ * Weights prepacked once (kernels.pack_vnni) as [N/16, K/2, 16, 2]: for each block of 16 output
+ * columns, each input feature pair holds the 16 columns' pairs in one 64-byte vector. Output
+ * (i, n) is one fp32 lane that adds x[i, 2p] w[n, 2p] + x[i, 2p+1] w[n, 2p+1] for p = 0, 1, ...
+ * in order (vdpbf16ps), then the bias, then one rounding: an order fixed per row, whatever the
+ * number of rows, the register block the row lands in, or the thread that runs it. Blocks of
+ * up to 6 rows x 64 columns reuse each weight vector for 6 rows and each x pair for 4 vectors. */
+#define VNNI_ROWS 6
+#define VNNI_COLS 4 /* 16-column blocks per register block */
+
+static inline __attribute__((always_inline)) void vnni_block(const uint16_t* x, int64_t ldx, const uint16_t* wp,
+                                                             int64_t K2, const uint16_t* bias, uint16_t* y,
+                                                             int64_t ldy, int64_t nb0, const int MM, const int NB) {
+    __m512 acc[VNNI_ROWS][VNNI_COLS];
+    for (int i = 0; i < MM; i++)
+        for (int j = 0; j < NB; j++) acc[i][j] = _mm512_setzero_ps();
+    const uint16_t* w0 = wp + nb0 * K2 * 32;
+    for (int64_t p = 0; p < K2; p++) {
+        __m512bh wv[VNNI_COLS];
+        for (int j = 0; j < NB; j++) wv[j] = (__m512bh)_mm512_loadu_si512(w0 + (j * K2 + p) * 32);
+        for (int i = 0; i < MM; i++) {
+            int32_t pair;
+            memcpy(&pair, x + i * ldx + 2 * p, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int j = 0; j < NB; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        }
+    }
+    for (int j = 0; j < NB; j++) {
+        const __m256i braw = bias ? _mm256_loadu_si256((const __m256i*)(bias + (nb0 + j) * 16)) : _mm256_setzero_si256();
+        const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(braw), 16));
+        for (int i = 0; i < MM; i++)
+            _mm256_storeu_si256((__m256i*)(y + i * ldy + (nb0 + j) * 16),
+                                (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(acc[i][j], b) : acc[i][j]));
+    }
+}
+
+#define VNNI_CASE(MM)                                                              \
+    case MM:                                                                       \
+        if (nb == VNNI_COLS) vnni_block(xm, ldx, wp, K2, bias, ym, N, nb0, MM, VNNI_COLS); \
+        else vnni_block(xm, ldx, wp, K2, bias, ym, N, nb0, MM, 1);                 \
+        break;
+
+/* y[M, N] = x[M, K] @ w^T (+ bias [N]); wp = pack_vnni(w); N % 16 == 0, K % 2 == 0. */
+void parrot_linear_vnni(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+                        int64_t M, int64_t N, int64_t K, int num_threads) {
+    const int64_t K2 = K / 2, blocks16 = N / 16, groups = (blocks16 + VNNI_COLS - 1) / VNNI_COLS;
+    /* Work item: (column group, 48-row panel); a group is 4 column blocks, or single leftovers. */
+    const int64_t panel = 8 * VNNI_ROWS, panels = (M + panel - 1) / panel;
+#pragma omp parallel for num_threads(num_threads) schedule(static) collapse(2)
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t pm = 0; pm < panels; pm++) {
+            const int64_t first = g * VNNI_COLS, end = first + VNNI_COLS < blocks16 ? first + VNNI_COLS : blocks16;
+            const int64_t m_end = (pm + 1) * panel < M ? (pm + 1) * panel : M;
+            for (int64_t nb0 = first; nb0 < end;) {
+                const int64_t nb = end - nb0 == VNNI_COLS ? VNNI_COLS : 1;
+                for (int64_t m0 = pm * panel; m0 < m_end; m0 += VNNI_ROWS) {
+                    const uint16_t* xm = x + m0 * ldx;
+                    uint16_t* ym = y + m0 * N;
+                    switch (m_end - m0 < VNNI_ROWS ? m_end - m0 : VNNI_ROWS) {
+                        VNNI_CASE(1)
+                        VNNI_CASE(2)
+                        VNNI_CASE(3)
+                        VNNI_CASE(4)
+                        VNNI_CASE(5)
+                        VNNI_CASE(6)
+                        default: break;
+                    }
+                }
+                nb0 += nb;
+            }
+        }
 }
 
 /* ---- AMX: batches of 5..128 rows (AMX_MAX_ROWS in ops.py) -----------------------------------

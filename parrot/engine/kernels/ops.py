@@ -6,6 +6,9 @@
 - up to `AMX_MAX_ROWS` rows, with weights prepacked once by `pack_amx` into AMX tiles: an AMX
   kernel that reads each weight tile once per pass (about 1.5x oneDNN at 32 rows);
 - anything else (float32, big prefill chunks, odd shapes, autograd): torch.
+With `row_invariant` (the batch-invariant mode), every row count runs one kernel whose per-row sum
+walks K in the same order whatever the other rows: the VNNI kernel over weights prepacked by
+`pack_vnni` (the dot kernel for weights it cannot take), with `rowwise_linear` as the torch fallback.
 Both kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
 differs from `F.linear` by one bf16 ulp; a model without the native transform is the bit-exact
 torch reference. The elementwise steps (RMSNorm with the residual add, RoPE, SiLU*up) round where
@@ -42,11 +45,37 @@ def pack_amx(weight: torch.Tensor) -> torch.Tensor | None:
     return weight.detach().view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 
+def pack_vnni(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] as [N/16, K/2, 16, 2] for parrot_linear_vnni (each feature pair's 16 output
+    columns in one 64-byte vector), or None where that kernel cannot take it (N % 16, K % 2)."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or load() is None:
+        return None
+    n, k = weight.shape
+    if n % 16 or k % 2:
+        return None
+    return weight.detach().view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` one row at a time: each row takes torch's one-row path, so its result does not
+    depend on the other rows (the batch-invariant fallback where no native kernel runs; slow)."""
+    if x.dim() != 2 or x.shape[0] <= 1:
+        return F.linear(x, weight, bias)
+    return torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
+
+
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    packed: torch.Tensor | None = None,
+    row_invariant: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`; bf16 steps of up to AMX_MAX_ROWS rows run natively
-    (`packed` = `pack_amx(weight)` enables the AMX path for more than DOT_MAX_ROWS rows)."""
+    (`packed` = `pack_amx(weight)` enables the AMX path for more than DOT_MAX_ROWS rows).
+    `row_invariant`: any number of rows on one kernel, `packed` = `pack_vnni(weight)` (the VNNI
+    kernel; None: the dot kernel), else `rowwise_linear`."""
+    fallback = rowwise_linear if row_invariant else F.linear
     lib = load()
     if (
         lib is None
@@ -60,10 +89,13 @@ def linear(
         or (bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()))
         or torch.is_grad_enabled()
     ):
-        return F.linear(x, weight, bias)
+        return fallback(x, weight, bias)
     m, k = x.shape
     n = weight.shape[0]
-    if m <= DOT_MAX_ROWS:
+    if row_invariant and packed is not None:
+        fn = lib.parrot_linear_vnni
+        w = packed
+    elif m <= DOT_MAX_ROWS or row_invariant:
         fn = lib.parrot_linear_bf16
         w = weight
     elif packed is not None and m <= AMX_MAX_ROWS and amx_available():

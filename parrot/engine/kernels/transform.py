@@ -10,6 +10,7 @@ shares its parameters with the piece it replaced (nothing is copied; loading sti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +22,12 @@ from parrot.engine.model.rope import Rotary, RotaryStep
 
 
 class PackedWeight:
-    """A weight's AMX tile layout, rebuilt when the weight changes (in-place writes such as
-    `copy_` in loading bump its version; writes through `.data` do not and need a new PackedWeight).
-    The packed copy doubles the memory of the bf16 linear weights."""
+    """A weight's packed layout (`pack`: the AMX tiles by default), rebuilt when the weight changes
+    (in-place writes such as `copy_` in loading bump its version; writes through `.data` do not and
+    need a new PackedWeight). The packed copy doubles the memory of the bf16 linear weights."""
 
-    def __init__(self) -> None:
+    def __init__(self, pack: Callable[[torch.Tensor], torch.Tensor | None] = ops.pack_amx) -> None:
+        self.pack = pack
         self.key: tuple[int, int] | None = None
         self.packed: torch.Tensor | None = None
 
@@ -34,7 +36,7 @@ class PackedWeight:
             return None  # nothing cached: a later bf16 weight still packs
         key = (weight.data_ptr(), weight._version)
         if key != self.key:
-            self.key, self.packed = key, ops.pack_amx(weight)
+            self.key, self.packed = key, self.pack(weight)
         return self.packed
 
 

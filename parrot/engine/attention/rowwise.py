@@ -1,0 +1,70 @@
+"""Row-wise attention ("rowwise"): every row of the step, decode or prefill, attends to its own
+sequence's KV from position 0 through one per-row kernel, so its result depends only on its query
+and its sequence's keys, never on the batch, on how the prompt was chunked, or on whether the
+prefix was forked (the attention of the batch-invariant mode, `EngineConfig.batch_invariant`).
+
+Why not the other backends there: a prompt token reaches `PagedAttention` as a prefill row (SDPA
+over its chunk) or, when a chunk holds one token after cached ones, as a decode row (another
+kernel, another rounding); and the shared-prefix cascade splits a row's keys where its group's
+shared prefix ends (which depends on the other rows) and merges the parts by log-sum-exp. Here a
+prefill chunk of T tokens is T rows of lengths S-T+1 .. S, each reduced like a decode row.
+
+Native: `kernels.paged_decode` over all rows (per (row, KV head): scores in 16-token vectors from
+position 0, one softmax, V in token order). Torch fallback (no native kernels or a float32 cache):
+SDPA one row at a time over exactly its own keys (slow, but the same shape for the same length).
+Ownership: the step's row tables and lengths are built in `prepare` and valid for that step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from parrot.engine import kernels
+from parrot.engine.attention.base import PagedAttention, SeqSpec, gather_blocks
+
+
+class RowwiseAttention(PagedAttention):
+    name = "rowwise"
+
+    def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
+        self.slot_mapping = slot_mapping
+        self.num_decode, self.prefills = 0, []
+        self.seqs = seqs
+        bs = self.cache.block_size
+        num_rows = sum(s.num_new for s in seqs)
+        max_blocks = max((-(-s.seq_len // bs) for s in seqs), default=0)
+        tables = torch.zeros(num_rows, max_blocks, dtype=torch.long)
+        lens = torch.empty(num_rows, dtype=torch.long)
+        row = 0
+        for s in seqs:
+            num_blocks = -(-s.seq_len // bs)
+            rows = slice(row, row + s.num_new)
+            tables[rows, :num_blocks] = torch.tensor(s.block_table[:num_blocks], dtype=torch.long)
+            torch.arange(s.seq_len - s.num_new + 1, s.seq_len + 1, out=lens[rows])
+            row += s.num_new
+        self.row_tables = tables  # [N, max_blocks]: row i's sequence's block table
+        self.row_lens = lens  # [N]: row i attends to keys [0, row_lens[i])
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq * D]."""
+        self.cache.write(layer, self.slot_mapping, k, v)
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
+        if self.native_decode:
+            return kernels.paged_decode(q, k_cache, v_cache, self.row_tables, self.row_lens, self.scale)
+        out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        bs, hkv, d = self.cache.block_size, self.num_kv_heads, self.head_dim
+        row = 0
+        for s in self.seqs:
+            ids = torch.tensor(s.block_table[: -(-s.seq_len // bs)], dtype=torch.long)
+            keys = gather_blocks(k_cache, ids).transpose(0, 1)  # [Hkv, blocks * bs, D]
+            vals = gather_blocks(v_cache, ids).transpose(0, 1)
+            for pos in range(s.seq_len - s.num_new, s.seq_len):
+                # The G query heads of one KV head attend as G query rows over exactly pos + 1 keys.
+                qg = q[row].reshape(1, hkv, self.num_groups, d)
+                o = F.scaled_dot_product_attention(
+                    qg, keys[None, :, : pos + 1], vals[None, :, : pos + 1], scale=self.scale
+                )
+                out[row] = o.reshape(-1)
+                row += 1
+        return out
