@@ -30,7 +30,7 @@ from benchmarks.deploy import LocalServer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
-from parrot.engine.llm_engine import StepRecord
+from parrot.engine.trace import StepRecord
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/profile")

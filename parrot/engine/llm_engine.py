@@ -14,7 +14,6 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from parrot.engine.model.loader import load_model, resolve_model_folder
 from parrot.engine.runner import ModelRunner
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepPlan
 from parrot.engine.sched.scheduler import Scheduler
+from parrot.engine.trace import StepRecord
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
@@ -45,17 +45,6 @@ from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One engine step, as `LLMEngine.start_trace` records it (profiling)."""
-
-    started: float  # time.perf_counter() when the forward pass began
-    elapsed_s: float  # the forward pass and sampling
-    num_seqs: int
-    num_decode: int  # rows that were one generated token each
-    num_prefill_tokens: int  # every other row (prompt chunks, a fill's last token)
 
 
 class LLMEngine:
