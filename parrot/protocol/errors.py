@@ -10,11 +10,14 @@ class ParrotError(Exception):
     `field` names the request field at fault, when there is one.
     """
 
-    def __init__(self, message: str, *, status: int = 400, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int = 400, field: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.field = field
+        self.retry_after_s = retry_after_s  # a 429/503 that will pass: when to try again (Retry-After)
 
     def to_dict(self) -> dict[str, object]:
         return {"error": {"message": self.message, "field": self.field, "status": self.status}}

@@ -22,6 +22,11 @@ class ManagerConfig:
     session_idle_timeout_s: float = 600.0
     expiry_interval_s: float = 5.0
     max_sessions: int = 10_000
+    # Per tenant (API key): open sessions, and calls not finished yet (waiting or running) across
+    # its sessions; over them a request gets 429 with Retry-After. The policy also shares each
+    # engine between the tenants that have work (app_centric), so one tenant's flood delays only it.
+    max_sessions_per_tenant: int = 1_000
+    max_open_calls_per_tenant: int = 10_000
     max_variables_per_session: int = 100_000
     max_calls_per_session: int = 50_000
     max_body_bytes: int = 16 * 1024 * 1024
@@ -78,6 +83,8 @@ class ManagerConfig:
             "session_idle_timeout_s",
             "expiry_interval_s",
             "max_sessions",
+            "max_sessions_per_tenant",
+            "max_open_calls_per_tenant",
             "max_variables_per_session",
             "max_calls_per_session",
             "max_body_bytes",

@@ -245,6 +245,7 @@ class Manager:
     ) -> StagedBatch:
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
+        self._check_open_calls(session, len(calls))
         staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
         tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids)
         return self._commit(session, staged)
@@ -262,6 +263,7 @@ class Manager:
         parsed = self._parse(req, call_field_prefix)
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
+        self._check_open_calls(session, len(parsed))
         session.submitting = True
         try:
             staged, variables = stage_batch(session, req.variables, parsed, call_field_prefix, self.config)
@@ -272,6 +274,18 @@ class Manager:
         finally:
             session.submitting = False
         return _submitted(staged)
+
+    def _check_open_calls(self, session: Session, num_new: int) -> None:
+        """429 when the session's tenant would have more unfinished calls than its limit."""
+        limit = self.config.max_open_calls_per_tenant
+        num_open = sum(s.num_open_calls for s in self.sessions.sessions.values() if s.tenant == session.tenant)
+        if num_new and num_open + num_new > limit:
+            raise ParrotError(
+                f"this API key has {num_open} unfinished calls; {num_new} more would pass its limit of {limit}",
+                status=429,
+                field="calls",
+                retry_after_s=1,
+            )
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
         session.graph.commit(staged)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -35,7 +36,8 @@ def error_body(error: ParrotError) -> dict[str, Any]:
 
 
 def error_response(error: ParrotError) -> JSONResponse:
-    return JSONResponse(error_body(error), status_code=error.status)
+    headers = None if error.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -165,3 +165,26 @@ def test_early_fills_go_where_the_call_will_run() -> None:
     )
     assert p.dispatch == ()
     assert plan(waiting, engines, early_fill=False).early_fill == ()
+
+
+def test_a_tenant_under_its_share_is_not_kept_behind_another_tenants_flood() -> None:
+    # Tenant a fills e0 (4 of 4 running, throughput); b's one call, submitted last, still runs now
+    # (a little room over the cap for a tenant under its share) and a's waiting calls stay blocked.
+    flood = [ready("sa", f"a{i}", order=i, objective=TPUT, tenant="a") for i in range(3)]
+    late = ready("sb", "b0", order=10, objective=TPUT, tenant="b")
+    full = engine("e0", running=4, max_running=4)
+    p = plan([*flood, late], [full], tenant_running={"e0": {"a": 4}})
+    assert [placed(p), list(p.blocked)] == [{"b0": "e0"}, [("sa", "a0"), ("sa", "a1"), ("sa", "a2")]]
+    # One tenant alone: exactly the cap, as before.
+    p = plan([*flood, ready("sa", "a9", order=9, objective=TPUT, tenant="a")], [full], tenant_running={"e0": {"a": 4}})
+    assert placed(p) == {}
+
+
+def test_the_tenant_with_fewer_running_calls_goes_first() -> None:
+    # Room for one call: b (nothing running) before a (two running), though a's call is older.
+    calls = [
+        ready("sa", "a0", order=1, objective=TPUT, tenant="a"),
+        ready("sb", "b0", order=2, objective=TPUT, tenant="b"),
+    ]
+    p = plan(calls, [engine("e0", running=3, max_running=4)], tenant_running={"e0": {"a": 2, "c": 1}})
+    assert [placed(p), list(p.blocked)] == [{"b0": "e0"}, [("sa", "a0")]]

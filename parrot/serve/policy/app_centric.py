@@ -36,9 +36,13 @@ class _Load:
     groups: dict[str, set[str]]
     apps: dict[str, set[str]]
     reserved: set[str] = field(default_factory=set)
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)  # engine -> tenant -> running
+    num_tenants: int = 1  # tenants with work (running or ready calls)
 
     def place(self, call: CallView, engine_id: str) -> None:
         self.running[engine_id] += 1
+        on_engine = self.tenants.setdefault(engine_id, {})
+        on_engine[call.tenant] = on_engine.get(call.tenant, 0) + 1
         if call.objective is Objective.LATENCY:
             self.latency[engine_id] += 1
         if call.task_group is not None:
@@ -55,10 +59,16 @@ class AppCentricPolicy:
             early={e.engine_id: e.num_early_filled_calls for e in snapshot.engines},
             groups={g: set(es) for g, es in snapshot.group_engines.items()},
             apps={a: set(es) for a, es in snapshot.app_engines.items()},
+            tenants={e: dict(ts) for e, ts in snapshot.tenant_running.items()},
         )
         fail = [FailCall(c.key, c.failed_var_id) for c in snapshot.calls if c.failed_var_id is not None]
         ready = [c for c in snapshot.calls if c.failed_var_id is None and c.inputs_ready]
-        ready.sort(key=lambda c: _rank(c, snapshot))
+        tenant_load: dict[str, int] = {}
+        for on_engine in snapshot.tenant_running.values():
+            for tenant, n in on_engine.items():
+                tenant_load[tenant] = tenant_load.get(tenant, 0) + n
+        load.num_tenants = len(set(tenant_load) | {c.tenant for c in ready})
+        ready.sort(key=lambda c: _rank(c, snapshot, tenant_load.get(c.tenant, 0)))
         dispatch: list[Dispatch] = []
         blocked: list[CallKey] = []
         placed: set[CallKey] = set()
@@ -86,11 +96,13 @@ class AppCentricPolicy:
         return Plan(tuple(fail), tuple(early_fill), tuple(dispatch), tuple(blocked))
 
 
-def _rank(call: CallView, snapshot: Snapshot) -> tuple[int, int, int, int, int]:
+def _rank(call: CallView, snapshot: Snapshot, tenant_load: int) -> tuple[int, int, int, int, int, int]:
+    """Aged first, then latency-critical, then the tenant with fewer running calls (fair share;
+    one tenant: no effect), priority, cache hotness, submission order."""
     aged = snapshot.aging_s > 0 and snapshot.now - call.ready_since >= snapshot.aging_s
     best_hit = max((n for _, n in call.prefix_hits), default=0)
     latency = call.objective is Objective.LATENCY
-    return (0 if aged else 1, 0 if latency else 1, -call.priority, -best_hit, call.order)
+    return (0 if aged else 1, 0 if latency else 1, tenant_load, -call.priority, -best_hit, call.order)
 
 
 def _group_members(call: CallView, ready: list[CallView], placed: set[CallKey]) -> list[CallView]:
@@ -106,8 +118,12 @@ def _candidates(call: CallView, engines: dict[str, EngineView]) -> list[EngineVi
     return [e for e in engines.values() if e.model == call.model and e.alive]
 
 
-def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool) -> bool:
+def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
     cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+    if load.num_tenants > 1 and load.tenants.get(e.engine_id, {}).get(tenant, 0) < cap // load.num_tenants:
+        # A tenant under its share of this engine is not kept waiting for another tenant's flood
+        # to finish: a little room over the cap, as many calls as there are tenants with work.
+        cap += load.num_tenants
     return load.running[e.engine_id] + num_calls <= cap
 
 
@@ -126,7 +142,7 @@ def _best(
     fitting = [
         e
         for e in _candidates(call, engines)
-        if e.engine_id not in load.reserved and _fits(e, load, num_calls, any_latency)
+        if e.engine_id not in load.reserved and _fits(e, load, num_calls, any_latency, call.tenant)
     ]
     if not fitting:
         return None

@@ -42,6 +42,7 @@ class CallView:
     pinned: bool = False  # its own context exists on `engine_id`: it must run there
     prefix_hits: tuple[tuple[str, int], ...] = ()  # (engine_id, tokens of its longest prefix cached there)
     ready_since: float = 0.0  # monotonic time it became ready to run (aging)
+    tenant: str = ""  # its session's tenant (fair share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,8 @@ class Snapshot:
     aging_s: float = 0.0  # waiting this long puts a call first (app-centric)
     group_engines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # task group -> engines running it
     app_engines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # session -> engines running it
+    # engine -> tenant -> its calls running there (fair share between tenants)
+    tenant_running: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

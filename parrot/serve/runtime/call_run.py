@@ -50,6 +50,7 @@ class EngineSlot:
 class CallRun:
     call: CallNode  # the structure (template, bindings, sampling); never changes
     order: int  # global submission order (the executor's)
+    tenant: str = ""  # its session's tenant (fair share between tenants)
     state: CallState = CallState.WAITING
     engine_id: str | None = None  # the engine holding the call's context, once placed
     num_fill_requested: int = 0  # leading pieces the executor asked to fill early

@@ -87,7 +87,7 @@ class GraphExecutor:
         """Newly committed calls: each gets its run record, in the session and in the table."""
         self._sessions[session.session_id] = session
         for call in calls:
-            run = CallRun(call, order=next(self._order))
+            run = CallRun(call, order=next(self._order), tenant=session.tenant)
             session.runs[call.call_id] = run
             self._runs[(session.session_id, call.call_id)] = run
         self._deduce[session.session_id] = session

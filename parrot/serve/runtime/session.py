@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.call_run import CallRun
+from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.graph import SessionGraph
 
 _NUM_TOMBSTONES = 10_000
@@ -45,6 +45,11 @@ class Session:
         self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
+
+    @property
+    def num_open_calls(self) -> int:
+        """Its calls not finished yet (waiting for inputs or an engine, or running)."""
+        return sum(r.state is CallState.WAITING or r.state is CallState.RUNNING for r in self.runs.values())
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -81,7 +86,12 @@ class SessionRegistry:
 
     def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
         if len(self.sessions) >= self.config.max_sessions:
-            raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429)
+            raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429, retry_after_s=5)
+        limit = self.config.max_sessions_per_tenant
+        if sum(s.tenant == tenant for s in self.sessions.values()) >= limit:
+            raise ParrotError(
+                f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
+            )
         session_id = "s-" + secrets.token_hex(8)
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)

@@ -59,6 +59,7 @@ class CallViews:
             task_group=None if run.task_group is None else f"{key[0]}/{run.task_group}",
             pinned=run.runner is not None and run.runner.has_context,
             ready_since=now if run.ready_since is None else run.ready_since,
+            tenant=run.tenant,
         )
 
     def snapshot(self, runs: Mapping[CallKey, CallRun]) -> Snapshot:
@@ -80,10 +81,13 @@ class CallViews:
         )
         groups: dict[str, set[str]] = {}
         apps: dict[str, set[str]] = {}
+        tenants: dict[str, dict[str, int]] = {}
         for (session_id, _), run in runs.items():
             if run.slot is None:
                 continue
             engine_id = run.slot.engine.engine_id
+            on_engine = tenants.setdefault(engine_id, {})
+            on_engine[run.tenant] = on_engine.get(run.tenant, 0) + 1
             if run.task_group is not None:
                 groups.setdefault(f"{session_id}/{run.task_group}", set()).add(engine_id)
             apps.setdefault(session_id, set()).add(engine_id)
@@ -95,6 +99,7 @@ class CallViews:
             aging_s=self.config.aging_s,
             group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
             app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
+            tenant_running=tenants,
         )
 
     def current(self, runs: Iterable[CallRun]) -> tuple[CallView, ...]:
