@@ -38,6 +38,9 @@ class ErrorBody(_Msg):
     message: str
     field: str | None = None
     status: int
+    # What OpenAI clients read: "invalid_request_error" (4xx) or "server_error" (5xx), and the field.
+    type: str | None = None
+    param: str | None = None
 
 
 class ErrorResponse(_Msg):

@@ -15,8 +15,10 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -150,3 +152,35 @@ def require_bearer(secret: str, path_prefix: str) -> Callable[[Request, Any], Aw
         return await call_next(request)
 
     return check
+
+
+def document_errors(app: FastAPI, error_schema: type[BaseModel]) -> None:
+    """Make the app's OpenAPI document say what it sends: FastAPI documents a 422 for request
+    validation on every route, but the handlers here answer 400 with `error_schema`'s body."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            name = error_schema.__name__
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    responses = operation.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses.setdefault(
+                            "400",
+                            {
+                                "description": "Bad request: the message names the field and the limit",
+                                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+                            },
+                        )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                components.pop(unused, None)
+            if name not in components:
+                defs = error_schema.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(defs.pop("$defs", {}))
+                components[name] = defs
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -21,7 +21,8 @@ from fastapi.responses import StreamingResponse
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.engine_api import EngineStats, FillRequest, FillResult, FreeContextRequest, GenerateRequest
-from parrot.web.edge import BodyLimitMiddleware, install_error_handlers, require_bearer
+from parrot.protocol.public_api import ErrorResponse
+from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers, require_bearer
 
 MAX_BODY_BYTES = 16 << 20
 
@@ -31,6 +32,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
     Bearer <secret>` (401 otherwise; compared in constant time): only its manager reaches it."""
     app = FastAPI(title="Parrot engine", version="0.1.0")
     install_error_handlers(app)
+    document_errors(app, ErrorResponse)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=MAX_BODY_BYTES)
     if secret:
         app.middleware("http")(require_bearer(secret, "/v1/engine/"))

@@ -19,7 +19,7 @@ from parrot.serve.http.engines import router as engines_router
 from parrot.serve.http.openai_routes import router as openai_router
 from parrot.serve.http.sessions import router as sessions_router
 from parrot.serve.manager import Manager
-from parrot.web.edge import BodyLimitMiddleware, install_error_handlers
+from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers
 
 
 def create_app(
@@ -49,6 +49,7 @@ def create_app(
     app.state.manager = manager
     app.state.connect_engine = connect_engine
     install_error_handlers(app)
+    document_errors(app, ErrorResponse)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
     app.include_router(sessions_router)
     app.include_router(openai_router)
