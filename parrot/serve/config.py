@@ -42,6 +42,9 @@ class ManagerConfig:
     # Shutdown (SIGTERM/SIGINT): new work gets 503 while in-flight calls may finish for this long;
     # then every session closes (pending gets and streams end with a 410 error) and contexts free.
     shutdown_grace_s: float = 30.0
+    # A call's run (fills and generations, from its dispatch) may take this long; then it fails
+    # with 504 and its engine work stops (a chat without max_tokens, a stuck engine).
+    call_deadline_s: float = 3600.0
 
     # --- the paper's optimizations; each can be switched off (benchmarks measure them alone) ---
     # Prefix sharing (prefix.py, prefix_cache.py, contexts.py): calls fork from cached prefix
@@ -91,6 +94,7 @@ class ManagerConfig:
             "max_running_calls_per_engine",
             "free_timeout_s",
             "shutdown_grace_s",
+            "call_deadline_s",
             "min_prefix_tokens",
             "prefix_block_tokens",
             "tpot_target_ms",

@@ -109,3 +109,26 @@ def test_shutdown_drains_calls_in_flight_then_frees_everything(
         assert engine.contexts == {}  # every context freed
 
     asyncio.run(main())
+
+
+def test_a_call_past_its_deadline_fails_with_504_and_stops(tiny_model_folder: Path) -> None:
+    engine = FakeEngine(tiny_model_folder, responder=lambda p: " tick" * 40, token_delay_s=0.05)
+
+    async def main() -> None:
+        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False, call_deadline_s=0.3))
+        await manager.start()
+        try:
+            created = manager.create_session("key")
+            session = manager.session(created.session_id, created.token)
+            spec = CallSpec(template="Go:{{output:o}}", default_sampling=SamplingParams(max_tokens=64))
+            manager.submit(session, SubmitRequest(calls=[spec]))
+            with pytest.raises(ParrotError) as info:
+                await manager.get_variable(session, "c0~o")
+            assert [info.value.status, "deadline of 0.3 s" in info.value.message] == [504, True]
+            await manager.drain()
+            assert engine.busy == set()  # the generation stopped
+            assert engine.contexts == {}
+        finally:
+            await manager.stop()
+
+    asyncio.run(main())

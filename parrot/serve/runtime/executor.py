@@ -1,24 +1,20 @@
 """The graph executor: releases calls onto engines as their inputs become ready.
 
-Creates each call's run record (call_run.py) at submission and indexes the records in one table,
-`_runs` (CallKey -> CallRun), across sessions, until the call has finished and its last task and
-engine slot are gone (`CallRun.is_settled`) or its session is dropped. Whether a call waits, is
-dirty, placed (its runner), running (its engine slot) or busy (its latest task) is read from its
-record. Beside the table: the sessions of its calls (`_sessions`), the sessions to deduce again
-(`_deduce`), the context frees in flight (`_frees`: a free outlives its call's record).
+Creates each call's run record (call_run.py) at submission and keeps the records in one table,
+`_runs` (CallKey -> CallRun), until the call has finished and its last task and engine slot are
+gone (`CallRun.is_settled`) or its session is dropped; waiting, dirty, placed (runner), running
+(engine slot) and busy (latest task) are read from the record. Beside the table: the sessions of
+its calls, the sessions to deduce again, the context frees in flight (a free outlives its record).
 
-Event-driven: a new call, a set variable, a new `get`, a finished call or a dead engine marks
-calls dirty and wakes one loop, which (1) re-deduces the objectives of changed sessions
-(policy/objectives.py) and recomputes the dirty calls' views (views.py), (2) asks the policy for a
-plan on the snapshot and (3) applies the plan. Only step 3 has effects, so the decision logic stays
-pure (policy/).
+Event-driven: a new call, a set variable, a new `get`, a finished call or a dead engine marks calls
+dirty and wakes one loop, which (1) re-deduces changed sessions' objectives and recomputes dirty
+calls' views, (2) asks the policy for a plan and (3) applies it. Only step 3 has effects.
 
-Because a consumer's release needs only its producer's output variable, a whole DAG submitted at
-once runs level after level with no client round trip. The tasks of one call run one after another
-(an early fill, then the run), so a call's context never sees two of our requests at once.
-
-A run whose engine stops answering goes back to waiting and is dispatched again (on a live engine,
-at most `max_call_attempts` runs); its runner resumes the outputs (call_runner.py).
+A whole DAG submitted at once runs level after level with no client round trip. A call's tasks run
+one after another (an early fill, then the run): its context never sees two of our requests at
+once. A run whose engine stops answering waits again and is dispatched again (on a live engine, at
+most `max_call_attempts` runs; its runner resumes the outputs); one that runs past
+`call_deadline_s` fails with 504 (its engine work stops).
 """
 
 from __future__ import annotations
@@ -325,7 +321,10 @@ class GraphExecutor:
                 await runner.rebind(engine, self.config.free_timeout_s)
             if runner.engine_lost:
                 raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
-            await runner.run()
+            await asyncio.wait_for(runner.run(), self.config.call_deadline_s)
+        except TimeoutError:
+            deadline = self.config.call_deadline_s
+            error = ParrotError(f"call {call.call_id} ran past its deadline of {deadline:g} s", status=504)
         except EngineUnavailable as e:
             if self._requeue(session, key, run, runner):
                 return
