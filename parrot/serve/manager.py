@@ -336,18 +336,29 @@ class Manager:
         return VariableValue(var_id=var_id, state=VariableState.READY, value=var.value)
 
     async def stream_variable(
-        self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY
+        self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY, timeout_s: float = 600.0
     ) -> AsyncIterator[str]:
         """Text chunks as they are generated; raises the variable's error if it fails."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
-        return self._stream(session, var)
+        return self._stream(session, var, timeout_s)
 
-    async def _stream(self, session: Session, var: Variable) -> AsyncIterator[str]:
+    async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:
+        """The variable's chunks for at most `timeout_s` (then a 408 error, as a get's)."""
         session.num_waiting_gets += 1
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
             async with contextlib.aclosing(var.stream()) as chunks:
-                async for chunk in chunks:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        raise ParrotError(
+                            f"variable {var.var_id!r} did not finish within {timeout_s:g} s", status=408
+                        ) from None
                     yield chunk
         finally:
             session.num_waiting_gets -= 1

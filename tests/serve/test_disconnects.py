@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -53,3 +54,17 @@ def test_an_abandoned_get_stops_waiting_and_lets_the_session_expire(server: Live
         while session.num_waiting_gets and time.monotonic() < deadline:
             time.sleep(0.05)
         assert session.num_waiting_gets == 0  # idle again: it can expire
+
+
+def test_a_stream_of_a_never_set_variable_ends_with_408(server: LiveServer) -> None:
+    key = {"Authorization": "Bearer k"}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        created = http.post("/v1/sessions", headers=key).json()
+        auth = {"Authorization": f"Bearer {created['token']}"}
+        sid = created["session_id"]
+        assert http.post(f"/v1/sessions/{sid}/variables", json={"var_id": "never"}, headers=auth).status_code == 201
+        url = f"/v1/sessions/{sid}/variables/never/stream"
+        with http.stream("GET", url, params={"timeout_s": 0.3}, headers=auth) as resp:
+            lines = [line for line in resp.iter_lines() if line]
+        assert [json.loads(lines[-1])["error"]["status"]] == [408]
+        assert server.manager.sessions.sessions[sid].num_waiting_gets == 0

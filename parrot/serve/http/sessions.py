@@ -120,9 +120,11 @@ async def stream_variable(
     session: SessionDep,
     manager: ManagerDep,
     criteria: Annotated[Criteria, Query()] = Criteria.LATENCY,
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_GET_TIMEOUT_S)] = MAX_GET_TIMEOUT_S,
 ) -> StreamingResponse:
-    """The variable's text as NDJSON StreamChunk lines while it is generated; the last has done or error."""
-    chunks = await manager.stream_variable(session, var_id, criteria)
+    """The variable's text as NDJSON StreamChunk lines while it is generated; the last has done or
+    error (408 when it is not done within timeout_s: a stream never holds a session forever)."""
+    chunks = await manager.stream_variable(session, var_id, criteria, timeout_s)
     return StreamingResponse(_ndjson(chunks), media_type="application/x-ndjson")
 
 
