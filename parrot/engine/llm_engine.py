@@ -150,7 +150,7 @@ class LLMEngine:
                 check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
             else:
                 self.scheduler.check_fill(fill)
-            gen, jobs = req.generate_part(), []
+            gen, jobs = req.generate_part(), list[Job]()
             if fill is not None:  # its failure ends the generation; the Generate never forks
                 sink_ = functools.partial(self._fill_ended, jobs=jobs)
                 jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
