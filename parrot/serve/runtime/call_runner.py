@@ -14,6 +14,12 @@ With prefix sharing, the context's first fill forks from a cached prefix context
 the call's own context waits for the dispatch, so calls that share what follows the ready prefix
 can still share it. Fill and Generate carry the call's deduced objective and priority.
 
+While the call runs, the fill right before a generation is held (`pending`) and sent inside the
+GenerateRequest (token_ids, append, or the leased prefix as parent): one request, and the builtin
+engine samples the output's first token in the fill's last step. Its usage is recorded when the
+engine's first event arrives, as a Fill's is when its result does; a fill another fill follows is
+sent as a Fill first.
+
 A re-run after an engine died resumes: outputs set before are filled back as their generated
 tokens, and an output cut off mid-generation continues from its tokens so far (never repeated,
 never lost).
