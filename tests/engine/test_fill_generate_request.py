@@ -121,3 +121,16 @@ def test_a_fill_that_fails_at_run_time_ends_the_generation_with_its_error(
     stats = engine.stats()
     assert (stats.num_waiting, stats.num_running) == (0, 0)
     engine.free_context(FreeContextRequest(context_id="c"))
+
+
+def test_stopping_with_a_combined_request_queued_ends_its_generation_once(tiny_model_folder: Path) -> None:
+    engine = make_engine(tiny_model_folder)
+    engine.stop()
+    handle = sync_client.submit_generate(
+        engine, GenerateRequest(context_id="c", token_ids=prompt(3, 20), sampling=GREEDY)
+    )
+    engine.stop()  # fails what is queued: the fill, whose error ends the generation
+    with pytest.raises(ParrotError) as e:
+        sync_client.wait_generate(handle, timeout=5)
+    assert e.value.status == 503
+    assert handle.events.empty()  # one terminal event, not a second "engine stopped"
