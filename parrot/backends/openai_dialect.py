@@ -8,10 +8,12 @@ into a `ParrotError`. Unit-testable on hand-written chunks (vLLM's and Parrot's 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from parrot.protocol.engine_api import TokenEvent
 from parrot.protocol.errors import ParrotError
@@ -160,3 +162,38 @@ def eos_token_ids(folder: Path, tokenizer_eos_id: int | None) -> frozenset[int]:
             value = json.loads(path.read_text()).get("eos_token_id")
             ids.update(int(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
     return frozenset(ids)
+
+
+async def sse_chunks(resp: httpx.Response, base_url: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream, until `[DONE]`."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ParrotError(
+                f"the upstream {base_url} streamed an unreadable chunk: {data[:200]!r}", status=502
+            ) from e
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+def error_status(chunk: dict[str, Any]) -> int:
+    """The status an in-stream error names (Parrot: `status`, vLLM: `code`), else 500."""
+    error = chunk.get("error")
+    status = error.get("status") or error.get("code") if isinstance(error, dict) else None
+    return status if isinstance(status, int) and 400 <= status < 600 else 500
+
+
+def prompt_usage(usage: dict[str, Any] | None, prompt_len: int) -> tuple[int, int]:
+    """(computed, cached) prompt tokens as the upstream reports them: its prompt tokens less its
+    cached ones, and those (all computed, none cached, if it reports no usage)."""
+    if usage is None or not isinstance(usage.get("prompt_tokens"), int):
+        return prompt_len, 0
+    details = usage.get("prompt_tokens_details")
+    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
+    return int(usage["prompt_tokens"]) - cached, cached

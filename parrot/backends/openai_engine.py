@@ -51,7 +51,16 @@ from typing import Any
 
 import httpx
 
-from parrot.backends.openai_dialect import StopRule, choice_events, completion_body, eos_token_ids, upstream_error
+from parrot.backends.openai_dialect import (
+    StopRule,
+    choice_events,
+    completion_body,
+    eos_token_ids,
+    error_status,
+    prompt_usage,
+    sse_chunks,
+    upstream_error,
+)
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
@@ -209,6 +218,10 @@ class OpenAIEngineClient:
         )
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        fill = req.fill_part()  # a context is a token list: the fill part is a Fill, then generate
+        if fill is not None:
+            await self.fill(fill)
+            req = req.generate_part()
         info = await self.info()
         await self._settle(req.context_id, req.parent_context_id)  # no await until it is marked generating
         check_context_ids(self._contexts, req.context_id, req.parent_context_id, must_exist=True)
@@ -274,13 +287,13 @@ class OpenAIEngineClient:
             async with self._http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code >= 400:
                     raise upstream_error(self.base_url, resp.status_code, (await resp.aread()).decode(errors="replace"))
-                async for chunk in _sse_chunks(resp, self.base_url):
+                async for chunk in sse_chunks(resp, self.base_url):
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
                     if finished is not None:
                         continue
                     if chunk.get("error") is not None:
-                        failure = upstream_error(self.base_url, _error_status(chunk), json.dumps(chunk))
+                        failure = upstream_error(self.base_url, error_status(chunk), json.dumps(chunk))
                         if not started:
                             raise failure  # nothing produced: the caller sees the status
                         finished = TokenEvent(token_id=None, finish_reason="error", error=failure.message)
@@ -301,7 +314,7 @@ class OpenAIEngineClient:
                         yield event
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
-        num_computed, num_cached = _prompt_usage(usage, prompt_len)
+        num_computed, num_cached = prompt_usage(usage, prompt_len)
         self._num_prefill_tokens += num_computed
         self._num_reused_tokens += num_cached
         if finished is None:
@@ -361,38 +374,3 @@ class OpenAIEngineClient:
 
     def _unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
         return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")
-
-
-async def _sse_chunks(resp: httpx.Response, base_url: str) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream, until `[DONE]`."""
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise ParrotError(
-                f"the upstream {base_url} streamed an unreadable chunk: {data[:200]!r}", status=502
-            ) from e
-        if isinstance(chunk, dict):
-            yield chunk
-
-
-def _error_status(chunk: dict[str, Any]) -> int:
-    """The status an in-stream error names (Parrot: `status`, vLLM: `code`), else 500."""
-    error = chunk.get("error")
-    status = error.get("status") or error.get("code") if isinstance(error, dict) else None
-    return status if isinstance(status, int) and 400 <= status < 600 else 500
-
-
-def _prompt_usage(usage: dict[str, Any] | None, prompt_len: int) -> tuple[int, int]:
-    """(computed, cached) prompt tokens as the upstream reports them: its prompt tokens less its
-    cached ones, and those (all computed, none cached, if it reports no usage)."""
-    if usage is None or not isinstance(usage.get("prompt_tokens"), int):
-        return prompt_len, 0
-    details = usage.get("prompt_tokens_details")
-    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
-    return int(usage["prompt_tokens"]) - cached, cached

@@ -10,6 +10,7 @@ each job's sink, called from the loop thread.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import threading
@@ -125,6 +126,8 @@ class LLMEngine:
             self._thread = None
         with self._cv:  # fail what is still queued, so no caller waits forever
             for job in list(self.scheduler.running) + list(self.scheduler.waiting):
+                if job.finished:  # a combined request's generation, ended by its fill's error
+                    continue
                 self.scheduler.finish(job)
                 job.emit(ParrotError("engine stopped", status=503))
 
@@ -133,30 +136,36 @@ class LLMEngine:
         """Queue a fill; validation errors raise at once and change nothing."""
         self._check_tokens(req.token_ids)
         with self._cv:
-            check_context_ids(
-                self.contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
-            )
-            base = self._projected_len(req.context_id, req.parent_context_id)
-            if base + len(req.token_ids) > self.max_model_len:
-                raise ParrotError(
-                    f"context would hold {base + len(req.token_ids)} tokens; the model's limit is {self.max_model_len}",
-                    field="token_ids",
-                )
-            if self.contexts.blocks_for(base + len(req.token_ids)) > self.pool.num_blocks:
-                raise ParrotError(
-                    f"{base + len(req.token_ids)} tokens need more KV blocks than the pool holds "
-                    f"({self.pool.num_blocks} blocks of {self.config.block_size})",
-                    field="token_ids",
-                )
+            self.scheduler.check_fill(req)
             self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids))
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
-        """Queue a generation; returns its job id (for `abort`)."""
+        """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
+        samples the first token); returns its job id (for `abort`)."""
+        fill = req.fill_part()
+        if fill is not None:
+            self._check_tokens(fill.token_ids)
         with self._cv:
-            check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
-            job = self._enqueue(JobKind.GENERATE, req, sink, sampling=req.sampling)
+            if fill is None:
+                check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
+            else:
+                self.scheduler.check_fill(fill)
+            gen, jobs = req.generate_part(), list[Job]()
+            if fill is not None:  # its failure ends the generation; the Generate never forks
+                sink_ = functools.partial(self._fill_ended, jobs=jobs)
+                jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
+            job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling)
+            jobs.append(job)
             begin_generation(job, self.tokenizer)
             return job.job_id
+
+    def _fill_ended(self, event: object, jobs: list[Job]) -> None:
+        """A combined request's fill ended (lock held): on an error the generation ends with it."""
+        fill_job, gen = jobs
+        if isinstance(event, ParrotError) and not gen.finished:
+            self.scheduler.finish(gen)
+            self._drop_new_context(fill_job)  # a fork that never started leaves only a placeholder
+            gen.emit(event)
 
     def abort(self, job_id: int) -> None:
         """Stop a generation whose reader went away: it ends at the next step with finish_reason
@@ -229,14 +238,6 @@ class LLMEngine:
         """A new context is registered at once (a placeholder for a fork until the fork runs)."""
         if context_id not in self.contexts:
             self.contexts.contexts[context_id] = Context(context_id, parent_id)
-
-    def _projected_len(self, context_id: str, parent_id: str | None) -> int:
-        cid = parent_id or context_id
-        if cid not in self.contexts:
-            return 0
-        ctx = self.contexts.get(cid)
-        queued = sum(len(j.token_ids) for j in self.scheduler.queues.get(ctx.context_id, []))
-        return ctx.num_tokens + queued
 
     def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
         """Register the request's context (validated by the caller) and queue its job."""

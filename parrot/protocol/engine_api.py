@@ -54,13 +54,47 @@ class FillResult(_Msg):
 
 
 class GenerateRequest(_Msg):
-    """Decode into `context_id` (created as a fork of `parent_context_id` if given)."""
+    """Decode into `context_id` (created as a fork of `parent_context_id` if given).
+
+    With `token_ids`, one request fills then generates: first `token_ids` go into `context_id`
+    exactly as FillRequest(context_id, token_ids, parent_context_id, append, objective, priority)
+    would put them (create, fork from the parent, or with `append` extend), then the generation
+    runs. The fill part is validated at once as a Fill is (404 / 409 / 400), before anything is
+    queued; a fill that fails later ends the generation with its error. An engine may run the
+    fill's last token and the first sample in one step (the builtin engine does)."""
 
     context_id: ContextId = _ID
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
+    token_ids: list[int] = Field(default_factory=list, max_length=MAX_FILL_TOKENS)
+    append: bool = False
     objective: Objective = Objective.LATENCY
     priority: int = Field(default=0, ge=-1000, le=1000)
+
+    @model_validator(mode="after")
+    def _append_has_no_parent(self) -> GenerateRequest:
+        if self.append and self.parent_context_id is not None:
+            raise ValueError("an append names no parent_context_id: the context has its tokens already")
+        return self
+
+    def fill_part(self) -> FillRequest | None:
+        """The Fill this request begins with; None without token_ids (a plain Generate)."""
+        if not self.token_ids:
+            return None
+        return FillRequest(
+            context_id=self.context_id,
+            token_ids=self.token_ids,
+            parent_context_id=self.parent_context_id,
+            append=self.append,
+            objective=self.objective,
+            priority=self.priority,
+        )
+
+    def generate_part(self) -> GenerateRequest:
+        """The Generate that follows the fill part (the context exists by then)."""
+        if not self.token_ids:
+            return self
+        return self.model_copy(update={"token_ids": [], "parent_context_id": None, "append": False})
 
 
 class TokenEvent(_Msg):

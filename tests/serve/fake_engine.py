@@ -5,7 +5,8 @@ for the text, tokenizes it, and streams it token by token (stop strings and max_
 appending the tokens to the context as the real engine does: a stop string's tokens are sampled,
 then cut out (the text before it re-tokenized); the end of the text is an EOS (a last event
 without a token); the last event says what the context holds. Every
-request is logged with a timestamp so tests can assert on order. The real engine replaces it in the integration tests.
+request is logged with a timestamp so tests can assert on order; a Generate carrying its fill
+(token_ids) logs that part as "generate-fill". The real engine replaces it in the integration tests.
 """
 
 from __future__ import annotations
@@ -72,15 +73,23 @@ class FakeEngine:
 
     async def fill(self, req: FillRequest) -> FillResult:
         await asyncio.sleep(0)
+        return self._fill(req, "fill")
+
+    def _fill(self, req: FillRequest, op: str) -> FillResult:
         check_context_ids(self.contexts, req.context_id, req.parent_context_id, req.append, not req.append)
         tokens = self._context(req.context_id, req.parent_context_id)
         if len(tokens) + len(req.token_ids) > self.max_model_len:
             raise ParrotError("too long", field="token_ids")
         tokens.extend(req.token_ids)
-        self.log.append((time.monotonic(), "fill", req.context_id, len(req.token_ids)))
+        self.log.append((time.monotonic(), op, req.context_id, len(req.token_ids)))
         return FillResult(context_id=req.context_id, num_tokens=len(tokens), num_filled_tokens=len(req.token_ids))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        fill = req.fill_part()  # one request: logged as "generate-fill", then "generate"
+        if fill is not None:
+            await asyncio.sleep(0)  # as a Fill does
+            self._fill(fill, "generate-fill")
+            req = req.generate_part()
         tokens = self._context(req.context_id, req.parent_context_id)
         if not tokens:
             raise ParrotError("empty context", field="context_id")

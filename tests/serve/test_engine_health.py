@@ -98,10 +98,11 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
     n_prompt = len(tok.encode("Tell it. Story:"))
     context_id = next(c for _, op, c, _ in spare.log if op == "fill")
     assert context_id.endswith(".c0.r1")
-    # The spare engine got the prompt, then the 4 tokens already streamed, then generated the rest.
-    assert [(op, n) for _, op, c, n in spare.log if op in ("fill", "generate")] == [
+    # The spare engine got the prompt, then the 4 tokens already streamed inside the Generate
+    # of the rest.
+    assert [(op, n) for _, op, c, n in spare.log if op in ("fill", "generate-fill", "generate")] == [
         ("fill", n_prompt),
-        ("fill", 4),
+        ("generate-fill", 4),
         ("generate", n_prompt + 4),
     ]
 
@@ -184,7 +185,7 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
         await manager.get_variable(waiting, "c0~a")
 
     run_manager([engine], body, config)
-    d_fill = [n for _, op, c, n in engine.log if op == "fill" and c.endswith(".c0")][-1]
+    d_fill = [n for _, op, c, n in engine.log if op == "generate-fill" and c.endswith(".c0")][-1]
     assert d_fill == len(tok.encode("now")) + len(tok.encode(":"))  # D forked from its leased prefix
 
 

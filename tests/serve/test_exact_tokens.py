@@ -50,7 +50,7 @@ ODD_VALUES = [
 
 
 class PromptRecorder(FakeEngine):
-    """A FakeEngine that keeps the context's tokens at every Generate, by call id."""
+    """A FakeEngine that keeps the prompt of every Generate (its fill part included), by call id."""
 
     def __init__(self, *args: object, **kw: object) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
@@ -58,7 +58,8 @@ class PromptRecorder(FakeEngine):
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         call_id = req.context_id.split(".")[1]
-        self.prompts.setdefault(call_id, []).append(list(self.contexts.get(req.context_id, [])))
+        held = self.contexts.get(req.parent_context_id or req.context_id, [])  # then the fill part, if any
+        self.prompts.setdefault(call_id, []).append([*held, *req.token_ids])
         async for event in super().generate(req):
             yield event
 
@@ -209,17 +210,23 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
     n_stable = len(tok.encode(system + "Problem:"))  # `ĠPlan` takes the space: the boundary is before it
     n_early = n_stable if conservative else n_stable + 1  # the patched rule also fills `Ġ`
     pfx = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]
-    gen = ("generate", n_full)
+    gen = ("generate", n_full)  # the run's fill travels inside the Generate ("generate-fill")
     if sharing and conservative:  # the early fill warmed the ready prefix; the call forked from it
-        assert (pfx, ops_of(engine, "c0")) == ([n_stable], [("fill", n_full - n_stable), gen, ("free", 0)])
+        assert (pfx, ops_of(engine, "c0")) == ([n_stable], [("generate-fill", n_full - n_stable), gen, ("free", 0)])
     elif sharing:  # the wrong early prefix hashes differently: never forked from, a right one is filled
-        assert (pfx, ops_of(engine, "c0")) == ([n_early, n_stable], [("fill", n_full - n_stable), gen, ("free", 0)])
+        assert (pfx, ops_of(engine, "c0")) == (
+            [n_early, n_stable],
+            [("generate-fill", n_full - n_stable), gen, ("free", 0)],
+        )
     elif conservative:  # the early fill filled the call's own context; the run only the rest
-        assert (pfx, ops_of(engine, "c0")) == ([], [("fill", n_early), ("fill", n_full - n_early), gen, ("free", 0)])
+        assert (pfx, ops_of(engine, "c0")) == (
+            [],
+            [("fill", n_early), ("generate-fill", n_full - n_early), gen, ("free", 0)],
+        )
     else:  # the wrong `Ġ` was in the call's own context: freed and filled again, whole
         assert (pfx, ops_of(engine, "c0")) == (
             [],
-            [("fill", n_early), ("free", 0), ("fill", n_full), gen, ("free", 0)],
+            [("fill", n_early), ("free", 0), ("generate-fill", n_full), gen, ("free", 0)],
         )
 
 
@@ -270,5 +277,5 @@ def test_calls_with_one_template_share_the_prefix_up_to_the_variable_boundary(de
     pfx = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]
     assert pfx == [n_stable, n_nearest - n_stable]
     assert [ops for ops in (ops_of(engine, "c0")[0], ops_of(engine, "c1")[0])] == [
-        ("fill", len(p) - n_nearest) for p in prompts
+        ("generate-fill", len(p) - n_nearest) for p in prompts
     ]

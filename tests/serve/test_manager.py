@@ -70,10 +70,10 @@ def test_consumer_prefix_is_filled_before_its_producer_finishes(default_model_fo
         producer_prompt = len(tok.encode("Summarize alpha beta now:"))
         assert ops(engine)[:6] == [
             ("fill", "c1", prefix),  # the consumer's ready prefix, before the producer even starts
-            ("fill", "c0", producer_prompt),
+            ("generate-fill", "c0", producer_prompt),  # a ready call's fill travels with its Generate
             ("generate", "c0", producer_prompt),
             ("free", "c0", 0),
-            ("fill", "c1", rest),
+            ("generate-fill", "c1", rest),
             ("generate", "c1", prefix + rest),
         ]
         assert manager.status(session).num_calls_done == 2
@@ -320,3 +320,40 @@ def test_the_text_between_two_outputs_is_exactly_the_templates(default_model_fol
 
     context_id = ""
     run_manager([engine], body)
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+def test_a_ready_call_sends_each_outputs_fill_inside_its_generate(default_model_folder: Path, sharing: bool) -> None:
+    """No Fill of its own before a generation: the prompt (forked from a cached prefix with
+    sharing) and the text between outputs travel in the GenerateRequest; outputs and usage exact."""
+    system = "You are a careful assistant who answers in one short word. " * 3
+
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        tok = manager.pool.for_model("fake").tokenizer
+        template = system + "Question: {{input:q}} first:{{output:a}} and second:{{output:b}}"
+        manager.submit(session, SubmitRequest(calls=[spec(template, q=Binding(value="why"))]))
+        assert [(await manager.get_variable(session, v)).value for v in ("c0~a", "c0~b")] == [" FIRST:", " SECOND:"]
+        first = tok.encode(system + "Question: why first:")
+        second = tok.encode(" and second:")
+        n_first_out = len(tok.encode(" FIRST:"))
+        kinds = ("fill", "generate-fill", "generate")
+        call_ops = [(op, n) for _, op, c, n in engine.log if c.endswith(".c0") and op in kinds]
+        if sharing:  # the cached prefix is filled on its own (its context is not the call's)
+            [n_pfx] = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]
+            assert first[:n_pfx] == tok.encode(system + "Question:")  # the constant text
+            head = [("generate-fill", len(first) - n_pfx)]
+        else:
+            assert [op for _, op, _, _ in engine.log].count("fill") == 0
+            head = [("generate-fill", len(first))]
+        assert call_ops == [
+            *head,
+            ("generate", len(first)),
+            ("generate-fill", len(second)),
+            ("generate", len(first) + n_first_out + len(second)),
+        ]
+        run = session.runs["c0"]
+        assert run.num_prompt_tokens == len(first) + len(second)
+        assert run.num_cached_tokens == 0  # with sharing the prefix is its own, computed for it
+        assert run.num_early_filled_tokens == 0
+
+    run(default_model_folder, body, ManagerConfig(prefix_sharing=sharing))

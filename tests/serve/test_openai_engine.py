@@ -344,3 +344,44 @@ def test_a_stop_string_is_cut_out_of_the_adapters_context(
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_generate_carrying_its_fill_matches_fill_then_generate(
+    upstream_url: str, tiny_engine: AsyncEngine, tiny_model_folder: Path
+) -> None:
+    """GenerateRequest.token_ids over the adapter: create, fork and append, each one request; the
+    same tokens as the builtin engine's; a bad fill part is the Fill's error, nothing held."""
+    tok = Tokenizer(tiny_model_folder)
+    prompt, more = tok.encode("The capital of France is"), tok.encode(" and then")
+
+    async def steps(engine: EngineClient, prefix: str) -> list[list[int]]:
+        a, b = f"{prefix}a", f"{prefix}b"
+        requests = [
+            GenerateRequest(context_id=a, token_ids=prompt, sampling=SMALL),
+            GenerateRequest(context_id=b, parent_context_id=a, token_ids=more, sampling=SMALL),
+            GenerateRequest(context_id=a, token_ids=more, append=True, sampling=SMALL),
+        ]
+        runs = [[e.token_id async for e in engine.generate(r) if e.token_id is not None] for r in requests]
+        for context_id in (a, b):
+            await engine.free_context(FreeContextRequest(context_id=context_id))
+        return runs
+
+    async def main() -> None:
+        client = adapter(upstream_url, tiny_model_folder)
+        got, expected = await steps(client, "x-"), await steps(tiny_engine, "ref-")
+        assert got == expected and [len(r) for r in got] == [4, 4, 4]
+        await client.fill(FillRequest(context_id="h", token_ids=prompt))
+        with pytest.raises(ParrotError) as e:
+            [_ async for _ in client.generate(GenerateRequest(context_id="h", token_ids=more, sampling=SMALL))]
+        assert (e.value.status, e.value.field) == (409, "context_id")
+        bad = GenerateRequest(context_id="n", parent_context_id="gone", token_ids=more, sampling=SMALL)
+        with pytest.raises(ParrotError) as e:
+            [_ async for _ in client.generate(bad)]
+        assert (e.value.status, e.value.field) == (404, "parent_context_id")
+        assert client.context_info("h").num_tokens == len(prompt)
+        with pytest.raises(ParrotError):
+            client.context_info("n")
+        await client.free_context(FreeContextRequest(context_id="h"))
+        await client.aclose()
+
+    asyncio.run(main())

@@ -36,8 +36,10 @@ def run(
 
 
 def fills(engine: FakeEngine) -> list[tuple[str, int]]:
-    """(context kind, tokens) of every fill: "pfx" for cached prefix contexts, else the call id."""
-    return [("pfx" if c.startswith("pfx-") else c.split(".", 1)[1], n) for _, op, c, n in engine.log if op == "fill"]
+    """(context kind, tokens) of every fill, a Generate's fill part included: "pfx" for cached
+    prefix contexts, else the call id."""
+    kinds = ("fill", "generate-fill")
+    return [("pfx" if c.startswith("pfx-") else c.split(".", 1)[1], n) for _, op, c, n in engine.log if op in kinds]
 
 
 async def ask(manager: Manager, template: str, **inputs: str) -> str:

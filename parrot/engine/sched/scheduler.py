@@ -16,6 +16,7 @@ from parrot.engine.kv.block_pool import OutOfBlocks
 from parrot.engine.kv.context import ContextTable
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
 from parrot.engine.sched.policy import get_policy
+from parrot.protocol.engine_api import FillRequest, check_context_ids
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 
@@ -35,6 +36,26 @@ class Scheduler:
     def add(self, job: Job) -> None:
         self.queues.setdefault(job.context_id, []).append(job)
         self.waiting.append(job)
+
+    def check_fill(self, req: FillRequest) -> None:
+        """A Fill's id and length rules against what is held and queued; raises ParrotError."""
+        check_context_ids(
+            self.contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
+        )
+        source = req.parent_context_id or req.context_id
+        n = len(req.token_ids)
+        if source in self.contexts:
+            n += self.contexts.get(source).num_tokens + sum(len(j.token_ids) for j in self.queues.get(source, []))
+        if n > self.max_model_len:
+            raise ParrotError(
+                f"context would hold {n} tokens; the model's limit is {self.max_model_len}", field="token_ids"
+            )
+        if self.contexts.blocks_for(n) > self.contexts.pool.num_blocks:
+            raise ParrotError(
+                f"{n} tokens need more KV blocks than the pool holds "
+                f"({self.contexts.pool.num_blocks} blocks of {self.config.block_size})",
+                field="token_ids",
+            )
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

@@ -14,6 +14,12 @@ With prefix sharing, the context's first fill forks from a cached prefix context
 the call's own context waits for the dispatch, so calls that share what follows the ready prefix
 can still share it. Fill and Generate carry the call's deduced objective and priority.
 
+While the call runs, the fill right before a generation is held (`pending`) and sent inside the
+GenerateRequest (token_ids, append, or the leased prefix as parent): one request, and the builtin
+engine samples the output's first token in the fill's last step. Its usage is recorded when the
+engine's first event arrives, as a Fill's is when its result does; a fill another fill follows is
+sent as a Fill first.
+
 A re-run after an engine died resumes: outputs set before are filled back as their generated
 tokens, and an output cut off mid-generation continues from its tokens so far (never repeated,
 never lost).
@@ -30,7 +36,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from parrot.protocol.engine_api import FillRequest, GenerateRequest
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
@@ -89,6 +95,9 @@ class CallRunner:
         self.counts_as_early_filled = False  # the executor's early-fill bookkeeping on the engine
         self.task: asyncio.Task[None] | None = None  # the executor's task now working for it
         self.engine_lost = False  # its engine died: the executor starts the call over
+        # While running, the fill right before a generation travels inside its GenerateRequest:
+        # held here with what to record once the engine took it (sent as a Fill if another comes).
+        self.pending: tuple[FillRequest, Callable[[FillResult | None], None]] | None = None
 
     async def rebind(self, engine: EngineHandle, timeout_s: float) -> None:
         """Run on another engine than the early fill's: what was filled there is given up."""
@@ -120,9 +129,12 @@ class CallRunner:
         if not self.has_context and self.prefixes is not None:
             await self._first_fill(self.prefixes, stop, token_ids, points)
             return
-        await self._fill_tokens(token_ids[len(self.prompt_ids) :])
-        self.prompt_ids = token_ids
-        self.num_filled_pieces = stop
+
+        def filled() -> None:
+            self.prompt_ids = token_ids
+            self.num_filled_pieces = stop
+
+        await self._fill_tokens(token_ids[len(self.prompt_ids) :], filled)
 
     async def _first_fill(
         self, prefixes: PrefixContexts, stop: int, token_ids: list[int], points: tuple[PrefixPoint, ...]
@@ -150,44 +162,66 @@ class CallRunner:
             self.num_filled_pieces = stop
             return
         num_parent_tokens = parent.num_tokens if parent is not None else 0
-        self.has_context = True  # before the await: the engine may create it even if we are cancelled
-        result = await self.engine.client.fill(
-            FillRequest(
-                context_id=self.context_id,
-                token_ids=token_ids[num_parent_tokens:],
-                parent_context_id=None if parent is None else parent.context_id,
-                objective=self.record.objective,
-                priority=self.record.priority,
-            )
+        req = FillRequest(
+            context_id=self.context_id,
+            token_ids=token_ids[num_parent_tokens:],
+            parent_context_id=None if parent is None else parent.context_id,
+            objective=self.record.objective,
+            priority=self.record.priority,
         )
-        self.prompt_ids = token_ids
-        self.record.num_prompt_tokens += len(token_ids)
-        if self.lease is not None:
-            # Reused by our fork: what other calls computed, and what our own early fill did.
-            others, own_early = self.lease.reuse(self.context_id)
-            self.record.num_cached_tokens = others
-            self.record.num_early_filled_tokens += own_early
-        if early:
-            self.record.num_early_filled_tokens += result.num_filled_tokens
-        self.num_filled_pieces = stop
 
-    async def _fill_tokens(self, token_ids: list[int]) -> None:
+        def filled(result: FillResult | None) -> None:
+            self.prompt_ids = token_ids
+            self.record.num_prompt_tokens += len(token_ids)
+            if self.lease is not None:
+                # Reused by our fork: what other calls computed, and what our own early fill did.
+                others, own_early = self.lease.reuse(self.context_id)
+                self.record.num_cached_tokens = others
+                self.record.num_early_filled_tokens += own_early
+            if early and result is not None:
+                self.record.num_early_filled_tokens += result.num_filled_tokens
+            self.num_filled_pieces = stop
+
+        await self._fill(req, filled)
+
+    async def _fill_tokens(self, token_ids: list[int], then: Callable[[], None] | None = None) -> None:
         if not token_ids:
+            if then is not None:
+                then()
             return
-        already = self.has_context  # our context exists: extend it; else create it
-        self.has_context = True  # before the await: the engine may create it even if we are cancelled
-        result = await self.engine.client.fill(
-            FillRequest(
-                context_id=self.context_id,
-                token_ids=token_ids,
-                append=already,
-                objective=self.record.objective,
-                priority=self.record.priority,
-            )
+        req = FillRequest(
+            context_id=self.context_id,
+            token_ids=token_ids,
+            append=self.has_context,  # our context exists: extend it; else create it
+            objective=self.record.objective,
+            priority=self.record.priority,
         )
-        self.record.num_prompt_tokens += len(token_ids)
-        if not self.running:
-            self.record.num_early_filled_tokens += result.num_filled_tokens
+
+        def filled(result: FillResult | None) -> None:
+            self.record.num_prompt_tokens += len(token_ids)
+            if not self.running and result is not None:
+                self.record.num_early_filled_tokens += result.num_filled_tokens
+            if then is not None:
+                then()
+
+        await self._fill(req, filled)
+
+    async def _fill(self, req: FillRequest, filled: Callable[[FillResult | None], None]) -> None:
+        """Send a fill, or while running hold it for the generation that follows (`_generate`
+        sends it inside its GenerateRequest); `filled` records it once the engine took it."""
+        self.has_context = True  # before any await: the engine may create it even if we are cancelled
+        if self.running:
+            await self._flush()
+            self.pending = (req, filled)
+            return
+        filled(await self.engine.client.fill(req))
+
+    async def _flush(self) -> None:
+        """Send the held fill as a Fill of its own (no generation follows it right away)."""
+        if self.pending is not None:
+            req, filled = self.pending
+            self.pending = None
+            filled(await self.engine.client.fill(req))
 
     async def run(self) -> None:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""
@@ -207,6 +241,7 @@ class CallRunner:
             else:
                 await self._generate(name, var)
             self.num_filled_pieces = stop + 1  # the generated tokens are in the context
+        await self._flush()  # a resumed last output's tokens, filled back
 
     async def _generate(self, name: str, var: Variable) -> None:
         sampling = self.call.sampling[name]
@@ -219,10 +254,15 @@ class CallRunner:
                 self._set_output(name, var, "length")
                 return
             sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(generated)})
+        fill, filled = self.pending or (None, None)  # the fill before it travels with it: one request
+        self.pending = None
         events = self.engine.client.generate(
             GenerateRequest(
                 context_id=self.context_id,
                 sampling=sampling,
+                parent_context_id=fill.parent_context_id if fill is not None else None,
+                token_ids=fill.token_ids if fill is not None else [],
+                append=fill.append if fill is not None else False,
                 objective=self.record.objective,
                 priority=self.record.priority,
             )
@@ -231,6 +271,9 @@ class CallRunner:
         num_before = len(generated)  # an earlier run's tokens, filled back above
         try:
             async for event in events:
+                if filled is not None:  # the engine took the fill part
+                    filled(None)
+                    filled = None
                 if event.token_id is not None:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
                         generated.append(event.token_id)
@@ -280,6 +323,7 @@ class CallRunner:
         self._drop_lease()
         self.call.encodings.clear()
         self.prompt_ids = []
+        self.pending = None
         if not self.has_context:
             return
         if self.engine.alive:
