@@ -13,45 +13,18 @@ nothing more.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from parrot.engine.kernels import ops
-from parrot.engine.kernels.transform import PackedWeight
+from parrot.engine.kernels.transform import NativeLinear, NativeLMHead
 from parrot.engine.model.layers import Linear, LMHead
 
 
-class RowInvariantLinear(Linear):
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.packed = PackedWeight(ops.pack_vnni)
-
-    @classmethod
-    def of(cls, linear: Linear) -> RowInvariantLinear:
-        with torch.device("meta"):  # no memory: the parameters are the replaced module's
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        new.weight, new.bias = linear.weight, linear.bias
-        return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias, self.packed.get(self.weight), row_invariant=True)
+class RowInvariantLinear(NativeLinear):
+    ROW_INVARIANT = True
 
 
-class RowInvariantLMHead(LMHead):
-    def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
-        super().__init__(hidden_size, vocab_size, tied)
-        self.packed = PackedWeight(ops.pack_vnni)
-
-    @classmethod
-    def of(cls, head: LMHead) -> RowInvariantLMHead:
-        with torch.device("meta"):
-            new = cls(0, 0, tied=True)
-        new.weight = head.weight
-        return new
-
-    def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
-        w = self.head_weight(embed_weight)
-        return ops.linear(hidden, w, None, self.packed.get(w), row_invariant=True)
+class RowInvariantLMHead(NativeLMHead):
+    ROW_INVARIANT = True
 
 
 def apply_batch_invariant(model: nn.Module) -> int:

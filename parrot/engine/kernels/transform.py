@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 import torch
 from torch import nn
@@ -41,19 +42,24 @@ class PackedWeight:
 
 
 class NativeLinear(Linear):
+    """A projection on the native kernels; subclasses pick another packing and kernel family."""
+
+    ROW_INVARIANT = False  # True: one per-row summation order at every row count (invariant.py)
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.packed = PackedWeight()
+        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
 
     @classmethod
-    def of(cls, linear: Linear) -> NativeLinear:
+    def of(cls, linear: Linear) -> Self:
         with torch.device("meta"):  # no memory: the parameters are the replaced module's
             new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
         new.weight, new.bias = linear.weight, linear.bias
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias, self.packed.get(self.weight))
+        packed = self.packed.get(self.weight)
+        return ops.linear(x, self.weight, self.bias, packed, row_invariant=self.ROW_INVARIANT)
 
 
 class NativeRMSNorm(RMSNorm):
@@ -90,12 +96,14 @@ class NativeRotary(Rotary):
 
 
 class NativeLMHead(LMHead):
+    ROW_INVARIANT = False  # as NativeLinear's
+
     def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
         super().__init__(hidden_size, vocab_size, tied)
-        self.packed = PackedWeight()
+        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
 
     @classmethod
-    def of(cls, head: LMHead) -> NativeLMHead:
+    def of(cls, head: LMHead) -> Self:
         with torch.device("meta"):
             new = cls(0, 0, tied=True)
         new.weight = head.weight
@@ -103,7 +111,7 @@ class NativeLMHead(LMHead):
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         w = self.head_weight(embed_weight)
-        return ops.linear(hidden, w, None, self.packed.get(w))
+        return ops.linear(hidden, w, None, self.packed.get(w), row_invariant=self.ROW_INVARIANT)
 
 
 # torch piece -> its native replacement (exact types: a piece already native is left alone).
