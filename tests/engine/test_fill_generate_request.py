@@ -46,7 +46,7 @@ def test_generate_with_token_ids_is_fill_then_generate_in_one_step_fewer(tiny_mo
         assert after.num_steps - before.num_steps == steps_fork_apart - 1 == GREEDY.max_tokens
         assert after.num_reused_tokens - before.num_reused_tokens == 39  # the parent's computed tokens
         info = engine.context_info("f_one")
-        assert (info.parent_context_id, info.num_tokens) == ("base", 49 + GREEDY.max_tokens)
+        assert [info.parent_context_id, info.num_tokens] == ["base", 49 + GREEDY.max_tokens]
 
         # Append: more tokens to an existing context, then generate.
         sync_client.fill(engine, FillRequest(context_id="a_apart", token_ids=p))
@@ -85,9 +85,9 @@ def test_a_bad_fill_part_is_refused_before_anything_is_queued(
         before = engine.stats()
         with pytest.raises(ParrotError) as e:
             sync_client.submit_generate(engine, GenerateRequest(sampling=GREEDY, **fields))  # type: ignore[arg-type]
-        assert (e.value.status, e.value.field) == (status, field)
+        assert [e.value.status, e.value.field] == [status, field]
         after = engine.stats()
-        assert (after.num_contexts, after.num_waiting, after.num_running) == (1, 0, 0)
+        assert [after.num_contexts, after.num_waiting, after.num_running] == [1, 0, 0]
         assert after.num_steps == before.num_steps
         assert engine.context_info("held").num_tokens == 10
     finally:
@@ -119,7 +119,7 @@ def test_a_fill_that_fails_at_run_time_ends_the_generation_with_its_error(
     assert handle.events.empty()  # one terminal event, nothing after it
     assert not engine.step()  # nothing left queued
     stats = engine.stats()
-    assert (stats.num_waiting, stats.num_running) == (0, 0)
+    assert [stats.num_waiting, stats.num_running] == [0, 0]
     engine.free_context(FreeContextRequest(context_id="c"))
 
 

@@ -48,49 +48,49 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         run = submit_waiting(manager, session)
         key = (session.session_id, "c0")
         assert executor._runs == {key: run}
-        assert (run.state, run.order, run.dirty, run.view, run.runner, run.engine_id) == (
+        assert [run.state, run.order, run.dirty, run.view, run.runner, run.engine_id] == [
             WAITING,
             0,
             True,
             None,
             None,
             None,
-        )
+        ]
 
         # Waiting: its ready prefix ("Say ") is filled early on e0, up to its stable end (the space
         # merges into the value's first word); it stays waiting there.
         plan = executor.step()
-        assert (plan.early_fill, plan.dispatch, plan.fail) == ((EarlyFill(key, "e0", 1),), (), ())
+        assert [plan.early_fill, plan.dispatch, plan.fail] == [(EarlyFill(key, "e0", 1),), (), ()]
         assert run.view is not None and (run.view.inputs_ready, run.view.num_ready_pieces) == (False, 1)
-        assert (run.state, run.engine_id, run.num_fill_requested, run.dirty) == (WAITING, "e0", 1, True)
+        assert [run.state, run.engine_id, run.num_fill_requested, run.dirty] == [WAITING, "e0", 1, True]
         assert run.runner is not None and run.task is not None and handle.num_early_filled_calls == 1
         await settle(run)
-        assert (run.task, engine.contexts) == (None, {f"{key[0]}.c0": tok.encode("Say")})
+        assert [run.task, engine.contexts] == [None, {f"{key[0]}.c0": tok.encode("Say")}]
 
         # Its input is set: dispatched, counted in e0's load, out of the policy's sight.
         manager.set_variable(session, "x", "hello")
         assert run.dirty
         plan = executor.step()
         assert plan.dispatch == (Dispatch(key, "e0"),)
-        assert (run.state, run.view, run.ready_since, run.dirty) == (RUNNING, None, None, False)
+        assert [run.state, run.view, run.ready_since, run.dirty] == [RUNNING, None, None, False]
         assert run.slot == EngineSlot(handle, True, run.runner)
         assert run.objective is Objective.LATENCY and run.dispatched_at is not None and run.task is not None
-        assert (handle.num_running_calls, handle.num_latency_calls, handle.num_early_filled_calls) == (1, 1, 0)
+        assert [handle.num_running_calls, handle.num_latency_calls, handle.num_early_filled_calls] == [1, 1, 0]
 
         # Done: the record leaves the table and keeps the usage the session's status reads.
         await settle(run)
         assert executor._runs == {}
         assert session.runs == {"c0": run}
-        assert (run.state, run.runner, run.slot, run.task) == (DONE, None, None, None)
-        assert (handle.num_running_calls, handle.num_latency_calls) == (0, 0)
+        assert [run.state, run.runner, run.slot, run.task] == [DONE, None, None, None]
+        assert [handle.num_running_calls, handle.num_latency_calls] == [0, 0]
         answer = tok.encode(" NOW:")  # the fake engine echoes the prompt's last word, then EOS
         assert run.num_prompt_tokens == len(tok.encode("Say hello now:"))
-        assert (run.num_generated_tokens, run.num_cached_tokens, run.finish_reasons) == (len(answer), 0, {"o": "eos"})
+        assert [run.num_generated_tokens, run.num_cached_tokens, run.finish_reasons] == [len(answer), 0, {"o": "eos"}]
         assert run.output_tokens == {"o": [(t, None) for t in answer]}
         assert run.output_token_ids == {"o": answer}
         assert session.graph.variables["c0~o"].value == " NOW:"
         status = manager.status(session).calls[0]
-        assert (status.state, status.engine_id, status.num_generated_tokens) == ("done", "e0", len(answer))
+        assert [status.state, status.engine_id, status.num_generated_tokens] == ["done", "e0", len(answer)]
         await executor.drain()
         assert engine.contexts == {}
 
@@ -167,8 +167,8 @@ def test_dropping_a_session_removes_its_records_and_frees_their_contexts(default
         await executor.drain()
         assert executor._runs == {(kept.session_id, "c0"): other}
         assert doomed.runs == {"c0": waiting, "c1": running}  # the dead session keeps its history
-        assert (waiting.runner, running.runner, running.slot, running.state) == (None, None, None, FAILED)
-        assert (handle.num_running_calls, handle.num_early_filled_calls) == (0, 1)
+        assert [waiting.runner, running.runner, running.slot, running.state] == [None, None, None, FAILED]
+        assert [handle.num_running_calls, handle.num_early_filled_calls] == [0, 1]
         assert list(engine.contexts) == [f"{kept.session_id}.c0"]
 
     run_manager([engine], body, ManagerConfig(prefix_sharing=False), stepped=True)

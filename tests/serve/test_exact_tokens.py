@@ -212,22 +212,22 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
     pfx = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]
     gen = ("generate", n_full)  # the run's fill travels inside the Generate ("generate-fill")
     if sharing and conservative:  # the early fill warmed the ready prefix; the call forked from it
-        assert (pfx, ops_of(engine, "c0")) == ([n_stable], [("generate-fill", n_full - n_stable), gen, ("free", 0)])
+        assert [pfx, ops_of(engine, "c0")] == [[n_stable], [("generate-fill", n_full - n_stable), gen, ("free", 0)]]
     elif sharing:  # the wrong early prefix hashes differently: never forked from, a right one is filled
-        assert (pfx, ops_of(engine, "c0")) == (
+        assert [pfx, ops_of(engine, "c0")] == [
             [n_early, n_stable],
             [("generate-fill", n_full - n_stable), gen, ("free", 0)],
-        )
+        ]
     elif conservative:  # the early fill filled the call's own context; the run only the rest
-        assert (pfx, ops_of(engine, "c0")) == (
+        assert [pfx, ops_of(engine, "c0")] == [
             [],
             [("fill", n_early), ("generate-fill", n_full - n_early), gen, ("free", 0)],
-        )
+        ]
     else:  # the wrong `Ġ` was in the call's own context: freed and filled again, whole
-        assert (pfx, ops_of(engine, "c0")) == (
+        assert [pfx, ops_of(engine, "c0")] == [
             [],
             [("fill", n_early), ("free", 0), ("generate-fill", n_full), gen, ("free", 0)],
-        )
+        ]
 
 
 def test_text_after_an_output_is_tokenized_on_its_own(default_model_folder: Path) -> None:

@@ -373,11 +373,11 @@ def test_a_generate_carrying_its_fill_matches_fill_then_generate(
         await client.fill(FillRequest(context_id="h", token_ids=prompt))
         with pytest.raises(ParrotError) as e:
             [_ async for _ in client.generate(GenerateRequest(context_id="h", token_ids=more, sampling=SMALL))]
-        assert (e.value.status, e.value.field) == (409, "context_id")
+        assert [e.value.status, e.value.field] == [409, "context_id"]
         bad = GenerateRequest(context_id="n", parent_context_id="gone", token_ids=more, sampling=SMALL)
         with pytest.raises(ParrotError) as e:
             [_ async for _ in client.generate(bad)]
-        assert (e.value.status, e.value.field) == (404, "parent_context_id")
+        assert [e.value.status, e.value.field] == [404, "parent_context_id"]
         assert client.context_info("h").num_tokens == len(prompt)
         with pytest.raises(ParrotError):
             client.context_info("n")

@@ -159,10 +159,10 @@ def test_objectives_are_deduced_and_shown_in_session_status(default_model_folder
         assert [(calls[f"c{i}"].objective, calls[f"c{i}"].task_group) for i in range(3)] == [
             (Criteria.THROUGHPUT, "c3")
         ] * 3
-        assert (calls["c3"].objective, calls["c3"].urgency, calls["c3"].task_group) == (
+        assert [calls["c3"].objective, calls["c3"].urgency, calls["c3"].task_group] == [
             Criteria.LATENCY,
             Criteria.LATENCY,
             None,
-        )
+        ]
 
     run(default_model_folder, body, ManagerConfig(policy="app_centric"), token_delay_s=0.01)
