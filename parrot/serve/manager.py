@@ -278,7 +278,7 @@ class Manager:
     def _check_open_calls(self, session: Session, num_new: int) -> None:
         """429 when the session's tenant would have more unfinished calls than its limit."""
         limit = self.config.max_open_calls_per_tenant
-        num_open = sum(s.num_open_calls for s in self.sessions.sessions.values() if s.tenant == session.tenant)
+        num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
         if num_new and num_open + num_new > limit:
             raise ParrotError(
                 f"this API key has {num_open} unfinished calls; {num_new} more would pass its limit of {limit}",

@@ -63,6 +63,7 @@ class SessionRegistry:
         self.config = config
         self.run_id = run_id  # in every token: an earlier run's token is told its session was lost
         self.sessions: dict[str, Session] = {}
+        self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
 
@@ -74,6 +75,10 @@ class SessionRegistry:
         if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
         return "tenant-" + _hash(api_key)[:16]
+
+    def of_tenant(self, tenant: str) -> set[Session]:
+        """The tenant's open sessions."""
+        return self._by_tenant.get(tenant, set())
 
     def require_operator(self, api_key: str | None) -> None:
         """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
@@ -88,7 +93,7 @@ class SessionRegistry:
         if len(self.sessions) >= self.config.max_sessions:
             raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429, retry_after_s=5)
         limit = self.config.max_sessions_per_tenant
-        if sum(s.tenant == tenant for s in self.sessions.values()) >= limit:
+        if len(self._by_tenant.get(tenant, ())) >= limit:
             raise ParrotError(
                 f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
             )
@@ -96,6 +101,7 @@ class SessionRegistry:
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
         self.sessions[session_id] = session
+        self._by_tenant.setdefault(tenant, set()).add(session)
         self._by_token_hash[session.token_hash] = session
         return session, token
 
@@ -131,6 +137,7 @@ class SessionRegistry:
     def remove(self, session_id: str, why: str) -> Session | None:
         session = self.sessions.pop(session_id, None)
         if session is not None:
+            self._by_tenant[session.tenant].discard(session)
             del self._by_token_hash[session.token_hash]
             self._tombstones[session.token_hash] = (session_id, why)
             while len(self._tombstones) > _NUM_TOMBSTONES:
