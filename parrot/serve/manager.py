@@ -243,9 +243,7 @@ class Manager:
         message_prefixes: Sequence[str] | None = None,
         prompt_token_ids: list[int] | None = None,
     ) -> StagedBatch:
-        if session.submitting:
-            raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
-        self._check_open_calls(session, len(calls))
+        self._check_admissible(session, len(calls))
         staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
         tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids)
         return self._commit(session, staged)
@@ -261,9 +259,7 @@ class Manager:
             return self.submit(session, req, call_field_prefix)
         self._admit()
         parsed = self._parse(req, call_field_prefix)
-        if session.submitting:
-            raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
-        self._check_open_calls(session, len(parsed))
+        self._check_admissible(session, len(parsed))
         session.submitting = True
         try:
             staged, variables = stage_batch(session, req.variables, parsed, call_field_prefix, self.config)
@@ -275,8 +271,11 @@ class Manager:
             session.submitting = False
         return _submitted(staged)
 
-    def _check_open_calls(self, session: Session, num_new: int) -> None:
-        """429 when the session's tenant would have more unfinished calls than its limit."""
+    def _check_admissible(self, session: Session, num_new: int) -> None:
+        """409 while another batch of the session is being tokenized; 429 when its tenant would
+        have more unfinished calls than its limit."""
+        if session.submitting:
+            raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
         limit = self.config.max_open_calls_per_tenant
         num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
         if num_new and num_open + num_new > limit:
