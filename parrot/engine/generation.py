@@ -8,6 +8,9 @@ continues right after the reported text. The last event says what the context no
 
 from __future__ import annotations
 
+from typing import Any
+
+from parrot.engine.constraints import new_matcher
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.sampler import SampleRow, new_generator
 from parrot.engine.sched.job import Job
@@ -16,9 +19,11 @@ from parrot.text.cut import cut_to_text
 from parrot.text.tokenizer import IncrementalDecoder, Tokenizer
 
 
-def begin_generation(job: Job, tokenizer: Tokenizer) -> None:
+def begin_generation(job: Job, tokenizer: Tokenizer, grammar: Any = None) -> None:
+    """`grammar`: the request's compiled constraint (constraints.Grammars.check), if any."""
     assert job.sampling is not None
-    job.sample_row = SampleRow(job.sampling, new_generator(job.sampling))
+    matcher = new_matcher(grammar) if grammar is not None else None
+    job.sample_row = SampleRow(job.sampling, new_generator(job.sampling), matcher)
     job.decoder = IncrementalDecoder(tokenizer)
 
 
@@ -32,6 +37,27 @@ def accept_token(
     max_model_len: int,
 ) -> TokenEvent:
     """Apply one sampled token to `job` and `ctx`; the returned event says if generation ended."""
+    event = _accept(job, contexts, ctx, token_id, logprob, eos_ids, max_model_len)
+    row = job.sample_row
+    assert row is not None
+    extra: dict[str, Any] = {}
+    if row.top is not None:
+        extra["top_logprobs"] = row.top
+    if job.sampling is not None and job.sampling.choices is not None and event.finish_reason is not None:
+        assert job.decoder is not None  # the chosen option's score: its tokens' logprobs (EOS included)
+        extra["choice_logprobs"] = {job.decoder.text: row.logprob_sum}
+    return event.model_copy(update=extra) if extra else event
+
+
+def _accept(
+    job: Job,
+    contexts: ContextTable,
+    ctx: Context,
+    token_id: int,
+    logprob: float,
+    eos_ids: frozenset[int],
+    max_model_len: int,
+) -> TokenEvent:
     params, decoder = job.sampling, job.decoder
     assert params is not None and decoder is not None
     job.num_generated += 1

@@ -22,6 +22,7 @@ import torch
 from parrot.engine import kernels
 from parrot.engine.attention.registry import make_backend
 from parrot.engine.config import EngineConfig
+from parrot.engine.constraints import Grammars
 from parrot.engine.generation import accept_token, begin_generation
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
@@ -71,6 +72,7 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(eos)
+        self.grammars = Grammars(self.model_folder, mc.vocab_size, self.eos_ids)  # constrained output
         num_blocks = config.num_blocks or max(
             1,
             config.kv_cache_bytes
@@ -142,7 +144,7 @@ class LLMEngine:
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
         samples the first token); returns its job id (for `abort`)."""
-        fill = req.fill_part()
+        fill, grammar = req.fill_part(), self.grammars.check(req.sampling)  # compiled outside the lock
         if fill is not None:
             self._check_tokens(fill.token_ids)
         with self._cv:
@@ -156,7 +158,7 @@ class LLMEngine:
                 jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
             job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling)
             jobs.append(job)
-            begin_generation(job, self.tokenizer)
+            begin_generation(job, self.tokenizer, grammar)
             return job.job_id
 
     def _fill_ended(self, event: object, jobs: list[Job]) -> None:

@@ -11,6 +11,7 @@ import torch
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import ContextTable
+from parrot.engine.logits import start_history
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.sampler import SampleRow, sample
 from parrot.engine.sched.job import ScheduledSeq, StepPlan
@@ -64,6 +65,8 @@ class ModelRunner:
             if s.sample:
                 sample_row = s.sampler_job.sample_row
                 assert sample_row is not None
+                if sample_row.needs_history:
+                    start_history(sample_row, ctx.tokens[:end], self.model.cfg.vocab_size)
                 sample_rows.append(row - 1)
                 rows.append(sample_row)
         input_ids = torch.tensor(ids, dtype=torch.long)

@@ -97,6 +97,11 @@ class GenerateRequest(_Msg):
         return self.model_copy(update={"token_ids": [], "parent_context_id": None, "append": False})
 
 
+class TopLogprob(_Msg):
+    token_id: int
+    logprob: float
+
+
 class TokenEvent(_Msg):
     """One streamed step of a generation. The last event has `finish_reason` set.
 
@@ -108,6 +113,11 @@ class TokenEvent(_Msg):
     an EOS is not appended and, on a stop-string finish, the tokens from the one where the stop
     string begins are cut and the text of that token before the stop is re-tokenized. None (an
     engine that does not say): the streamed token ids, an EOS excepted. Set on the last event only.
+
+    `top_logprobs`: with `SamplingParams.top_logprobs` k > 0, the k most likely tokens at this
+    step, most likely first (of the distribution `logprob` is taken from). `choice_logprobs`: with
+    `SamplingParams.choices`, on the last event, each choice's log-probability where it is known
+    (the chosen one's: the sum of its tokens' logprobs).
     """
 
     token_id: int | None
@@ -116,6 +126,8 @@ class TokenEvent(_Msg):
     finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted"
     error: str | None = None
     output_token_ids: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+    choice_logprobs: dict[str, float] | None = None
 
 
 class FreeContextRequest(_Msg):
