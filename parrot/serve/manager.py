@@ -219,20 +219,23 @@ class Manager:
     def submit_parsed(
         self,
         session: Session,
-        spec: CallSpec,
+        specs: Sequence[CallSpec],
         template: ParsedTemplate,
         message_prefixes: Sequence[str] = (),
         prompt_token_ids: list[int] | None = None,
-    ) -> CallNode:
+    ) -> list[CallNode]:
         """A plain request (the OpenAI routes): its one text piece is the raw prompt, never parsed
         for placeholders. `message_prefixes` are the rendered leading chat messages (prefix points
         at message boundaries). `prompt_token_ids`, when the client sent token ids, are the text
         piece's tokens as given (never re-tokenized). A client waits on the answer: its output is
-        latency-critical."""
-        model = self.pool.resolve_model(spec.model)
-        call = self._submit(session, [], [(spec, template, model)], "", message_prefixes, prompt_token_ids).calls[0]
-        self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
-        return call
+        latency-critical. Several `specs` (OpenAI's `n`: one per choice, same model) share the
+        prompt: with prefix sharing it is filled once and each call forks it (batches.py)."""
+        model = self.pool.resolve_model(specs[0].model)
+        staged = [(spec, template, model) for spec in specs]
+        calls = self._submit(session, [], staged, "", message_prefixes, prompt_token_ids, len(specs) > 1).calls
+        for call in calls:
+            self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
+        return calls
 
     def _submit(
         self,
@@ -242,10 +245,11 @@ class Manager:
         prefix: str,
         message_prefixes: Sequence[str] | None = None,
         prompt_token_ids: list[int] | None = None,
+        shared_prompt: bool = False,
     ) -> StagedBatch:
         self._check_admissible(session, len(calls))
         staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
-        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids)
+        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids, shared_prompt)
         return self._commit(session, staged)
 
     async def submit_async(

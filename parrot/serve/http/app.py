@@ -16,7 +16,7 @@ from parrot.protocol.engine_client import EngineConnector
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import ErrorResponse
 from parrot.serve.http.engines import router as engines_router
-from parrot.serve.http.openai_routes import router as openai_router
+from parrot.serve.http.openai import router as openai_router
 from parrot.serve.http.sessions import router as sessions_router
 from parrot.serve.manager import Manager
 from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers

@@ -24,7 +24,7 @@ from enum import StrEnum
 from parrot.protocol.objective import Criteria, Objective
 from parrot.serve.policy.plan import CallView
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.call_runner import CallRunner
+from parrot.serve.runtime.call_runner import CallRunner, StreamedToken
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 
@@ -74,7 +74,8 @@ class CallRun:
     output_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Every token each output streamed with its logprob, the EOS or stop string that ended it
     # included (output_token_ids are the context's: neither is there): what the OpenAI routes report.
-    output_tokens: dict[str, list[tuple[int, float | None]]] = field(default_factory=dict)
+    # With the sampling's `top_logprobs`, each token's alternatives too.
+    output_tokens: dict[str, list[StreamedToken]] = field(default_factory=dict)
     # The executor's bookkeeping.
     runner: CallRunner | None = None  # from its first placement until retired (context freed)
     task: asyncio.Task[None] | None = None  # the latest of its tasks (they run one after another)

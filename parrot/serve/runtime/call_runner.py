@@ -36,7 +36,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TopLogprob
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
@@ -48,6 +48,8 @@ from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
+# One streamed token: its id, its logprob, its top alternatives (when the sampling asks).
+StreamedToken = tuple[int, float | None, list[TopLogprob] | None]
 
 _REFILL_FREE_TIMEOUT_S = 30.0  # freeing our own context before a refill: no generation runs on it
 
@@ -65,7 +67,7 @@ class RunRecord(Protocol):
     num_generated_tokens: int
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
-    output_tokens: dict[str, list[tuple[int, float | None]]]
+    output_tokens: dict[str, list[StreamedToken]]
 
 
 class CallRunner:
@@ -277,7 +279,7 @@ class CallRunner:
                 if event.token_id is not None:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
                         generated.append(event.token_id)
-                    streamed.append((event.token_id, event.logprob))
+                    streamed.append((event.token_id, event.logprob, event.top_logprobs))
                     self.record.num_generated_tokens += 1
                 if event.text:
                     var.append(event.text)
