@@ -10,12 +10,9 @@ over a request's tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from parrot.engine.sampler import SampleRow
+from parrot.engine.sample_row import SampleRow
 
 
 def adjust(logits: torch.Tensor, rows: list[SampleRow]) -> None:
