@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from parrot.protocol.engine_api import TokenEvent
+from parrot.protocol.engine_api import TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.openai_api import TOKEN_ID_PREFIX
 from parrot.protocol.sampling import SamplingParams
@@ -28,8 +28,12 @@ def completion_body(
     model: str, token_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, ask_token_ids: bool
 ) -> dict[str, Any]:
     """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
-    something (`top_k`, `ignore_eos`, `stop_token_ids`), so plain OpenAI servers see plain requests;
-    `ask_token_ids` adds `logprobs: 0` with `return_tokens_as_token_ids` (tokens as ids, vLLM)."""
+    something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`),
+    so plain OpenAI servers see plain requests; `ask_token_ids` adds `logprobs` (0, or the
+    alternatives asked for) with `return_tokens_as_token_ids` (tokens as ids, vLLM). Every other
+    sampling setting is OpenAI's own (penalties, `logit_bias`). Raises ParrotError (400) for what
+    the upstream cannot be asked: alternatives reported by text only (no token ids to report them
+    with), a choice's score."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -49,10 +53,50 @@ def completion_body(
         body["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.ignore_eos:
         body["ignore_eos"] = True
+    if sampling.presence_penalty:
+        body["presence_penalty"] = sampling.presence_penalty
+    if sampling.frequency_penalty:
+        body["frequency_penalty"] = sampling.frequency_penalty
+    if sampling.repetition_penalty != 1.0:
+        body["repetition_penalty"] = sampling.repetition_penalty
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(t): v for t, v in sampling.logit_bias.items()}
+    if sampling.json_schema is not None:
+        body["structured_outputs"] = {"json": sampling.json_schema}
+    elif sampling.regex is not None:
+        body["structured_outputs"] = {"regex": sampling.regex}
+    elif sampling.choices is not None:
+        body["structured_outputs"] = {"choice": list(sampling.choices)}
+    if sampling.top_logprobs and not ask_token_ids:
+        raise ParrotError(
+            "top_logprobs needs an upstream that reports tokens as ids (vLLM's return_tokens_as_token_ids)",
+            field="sampling.top_logprobs",
+        )
     if ask_token_ids:
-        body["logprobs"] = 0
+        body["logprobs"] = sampling.top_logprobs
         body["return_tokens_as_token_ids"] = True
     return body
+
+
+def chunk_top_logprobs(choice: dict[str, Any], num_tokens: int) -> list[list[TopLogprob] | None]:
+    """Each token's alternatives under vLLM's `logprobs` ("token_id:<n>" -> logprob; it adds the
+    sampled token to the k asked for), most likely first; None where the upstream sent none."""
+    logprobs = choice.get("logprobs")
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(tops, list) or len(tops) != num_tokens:
+        return [None] * num_tokens
+    out: list[list[TopLogprob] | None] = []
+    for top in tops:
+        if not isinstance(top, dict) or not top:
+            out.append(None)
+            continue
+        entries = [
+            TopLogprob(token_id=int(k[len(TOKEN_ID_PREFIX) :]), logprob=float(v))
+            for k, v in top.items()
+            if isinstance(k, str) and k.startswith(TOKEN_ID_PREFIX) and k[len(TOKEN_ID_PREFIX) :].isdigit()
+        ]
+        out.append(sorted(entries, key=lambda t: -t.logprob) or None)
+    return out
 
 
 def chunk_token_ids(choice: dict[str, Any]) -> tuple[list[int], list[float | None]] | None:
@@ -98,13 +142,13 @@ class StopRule:
 
 
 def choice_events(
-    choice: dict[str, Any], retokenize: Callable[[str], list[int]] | None, rule: StopRule
+    choice: dict[str, Any], retokenize: Callable[[str], list[int]] | None, rule: StopRule, num_top: int = 0
 ) -> list[TokenEvent]:
     """One streamed choice as engine-API events: one per token, the chunk's text on its last token,
     the finish reason on the last event (a token-less event when the finish came alone).
 
     Without ids from the upstream, the chunk's text is re-tokenized (`retokenize`); those events
-    carry no logprob."""
+    carry no logprob. `num_top`: the alternatives asked for per token (sampling.top_logprobs)."""
     text = str(choice.get("text") or "")
     found = chunk_token_ids(choice)
     if found is not None:
@@ -121,7 +165,12 @@ def choice_events(
     else:
         ids = retokenize(text)
         logprobs = [None] * len(ids)
-    events = [TokenEvent(token_id=t, logprob=lp) for t, lp in zip(ids, logprobs, strict=True)]
+    tops: list[list[TopLogprob] | None] = [None] * len(ids)
+    if num_top and found is not None:
+        tops = [None if t is None else t[:num_top] for t in chunk_top_logprobs(choice, len(ids))]
+    events = [
+        TokenEvent(token_id=t, logprob=lp, top_logprobs=top) for t, lp, top in zip(ids, logprobs, tops, strict=True)
+    ]
     update: dict[str, Any] = {"text": text} if text else {}
     upstream_reason = choice.get("finish_reason")
     if upstream_reason is not None:

@@ -24,8 +24,12 @@ sequence than the upstream's own.
 Events follow the builtin engine's (one per token; `text` what it completes; the last has the
 finish reason, "eos" told from "stop" by the model's EOS ids), except that a finish arriving in a
 chunk of its own (Parrot's own server sends one) comes as a last event without a token. Work on a
-context waits for a generation streaming into it, as the builtin engine queues it. Not
-forwarded: Fill/Generate's objective and priority (an OpenAI request has no such fields).
+context waits for a generation streaming into it, as the builtin engine queues it. Sampling
+settings go upstream as OpenAI's fields (penalties, `logit_bias`) or vLLM's (`repetition_penalty`,
+`structured_outputs` for regex / JSON schema / choices, `logprobs` k for `top_logprobs`); what
+cannot be asked is a 400 (openai_dialect.completion_body), never dropped. Not forwarded:
+Fill/Generate's objective and priority (an OpenAI request has no such fields), and a choice's
+score (`choice_logprobs`: the upstream does not report it; the engine API allows its absence).
 The stats are what the adapter knows: its contexts and running generations, tokens streamed,
 prompt tokens the upstream reported computing (usage minus cached), time between streamed tokens.
 Its "KV blocks" count the token lists it holds against `max_held_tokens` (the manager's prefix
@@ -283,6 +287,7 @@ class OpenAIEngineClient:
         usage: dict[str, Any] | None = None  # the last reported (some servers report it on every chunk)
         started = False
         last_token_at: float | None = None
+        num_top = int(body.get("logprobs") or 0)  # alternatives asked for (ids only)
         try:
             async with self._http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code >= 400:
@@ -299,7 +304,7 @@ class OpenAIEngineClient:
                         finished = TokenEvent(token_id=None, finish_reason="error", error=failure.message)
                         continue
                     choices = [c for c in chunk.get("choices") or [] if isinstance(c, dict) and c.get("index", 0) == 0]
-                    for event in (e for c in choices for e in choice_events(c, retokenize, rule)):
+                    for event in (e for c in choices for e in choice_events(c, retokenize, rule, num_top)):
                         if event.token_id is not None:
                             now = time.perf_counter()
                             if last_token_at is not None:
