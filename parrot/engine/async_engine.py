@@ -76,6 +76,8 @@ class AsyncEngine:
         return event
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        if req.sampling.constrained:  # compiled off the event loop (up to seconds); submit finds it cached
+            await asyncio.to_thread(self.engine.grammars.check, req.sampling)
         queue, sink = self._channel()
         job_id = self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
         started = finished = False
