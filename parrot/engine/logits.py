@@ -39,7 +39,11 @@ def adjust(logits: torch.Tensor, rows: list[SampleRow]) -> None:
 
         bitmask = xgr.allocate_token_bitmask(len(constrained), vocab)
         for j, i in enumerate(constrained):
-            rows[i].matcher.fill_next_token_bitmask(bitmask, j)
+            # A grammar that accepted its end (the stop token) has no next mask: the row's
+            # generation ends with that token, so it is sampled again only by a caller that
+            # ignores the end (a benchmark); its row stays unmasked (all ones).
+            if not rows[i].matcher.is_terminated():
+                rows[i].matcher.fill_next_token_bitmask(bitmask, j)
         sub = logits[constrained]
         xgr.apply_token_bitmask_inplace(sub, bitmask, vocab_size=vocab)
         logits[constrained] = sub

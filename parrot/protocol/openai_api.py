@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from parrot.protocol.public_api import MAX_VALUE_CHARS
 
@@ -84,7 +84,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="one prompt: text, or token ids (a list of prompts must hold exactly one)"
     )
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # a count, not a flag
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
