@@ -81,6 +81,18 @@ def test_completion_logprobs_hold_the_alternatives(server: LiveServer, client: o
         assert top[token] == logprob
         assert max(top.values()) == logprob  # greedy: the sampled token is the most likely
         assert 1 <= len(top) <= 3
+    stream = client.completions.create(
+        model="tiny",
+        prompt="Hello",
+        max_tokens=5,
+        temperature=0,
+        logprobs=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    streamed = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens or []] == lp.tokens
+    assert [t for s in streamed for t in s.top_logprobs or []] == lp.top_logprobs
 
 
 def test_chat_logprobs_and_top_logprobs_streamed_and_not(client: openai.OpenAI) -> None:
@@ -126,6 +138,17 @@ def test_penalties_and_logit_bias_match_the_engine(server: LiveServer, client: o
     )
     assert got.choices[0].text == expected
     assert expected != plain
+    stream = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=10,
+        temperature=0,
+        presence_penalty=0.5,
+        frequency_penalty=1.0,
+        stream=True,
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.3},
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == expected
     forced = tok.encode(" parrot")[0]
     biased = client.completions.create(
         model="tiny",
@@ -136,6 +159,16 @@ def test_penalties_and_logit_bias_match_the_engine(server: LiveServer, client: o
         extra_body={"ignore_eos": True},
     )
     assert biased.choices[0].text == tok.decode([forced] * 3)
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(forced): 100},
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices) == tok.decode([forced] * 3)
 
 
 def _valid(value: object) -> bool:
@@ -169,6 +202,15 @@ def test_json_object_and_structured_outputs(server: LiveServer, client: openai.O
         extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
     )
     assert got.choices[0].text in ["red", "green", "blue"]
+    stream = client.completions.create(
+        model="tiny",
+        prompt="Answer:",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == got.choices[0].text
     regex = client.completions.create(
         model="tiny",
         prompt="Code:",

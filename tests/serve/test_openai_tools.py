@@ -95,7 +95,10 @@ def test_tool_results_in_the_history_reach_the_prompt(server: LiveServer, client
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
-    got = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], max_tokens=3, temperature=0)  # type: ignore[arg-type, list-item]
+    kw = {"model": "tiny", "messages": history, "tools": [WEATHER], "max_tokens": 3, "temperature": 0}
+    got = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    streamed = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))  # type: ignore[call-overload]
+    assert streamed[-1].usage is not None and streamed[-1].usage.prompt_tokens == got.usage.prompt_tokens  # type: ignore[union-attr]
     tok = Tokenizer(server.engine.model_folder)
     prompt = tok.apply_chat_template(history, add_generation_prompt=True, tools=[WEATHER])
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
