@@ -199,6 +199,7 @@ class LLMEngine:
                 num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
                 num_reused_tokens=self.scheduler.num_reused_tokens,
+                num_preemptions=self.scheduler.num_preemptions,
                 step_ms_by_num_tokens=dict(self._step_ms),
                 native_kernels=self.native_kernels,
                 batch_invariant=self.batch_invariant,

@@ -150,6 +150,7 @@ class EngineStats(_Msg):
     num_prefill_tokens: int
     num_decode_tokens: int
     num_reused_tokens: int = 0
+    num_preemptions: int = 0  # running generations sent back to waiting to free KV blocks
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.

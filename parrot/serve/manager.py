@@ -43,6 +43,7 @@ from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
 from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
+from parrot.serve.runtime.metrics import ServeMetrics
 from parrot.serve.runtime.prefix_cache import PrefixCache
 from parrot.serve.runtime.session import Session, SessionRegistry
 from parrot.serve.runtime.status import session_status
@@ -80,6 +81,8 @@ class Manager:
         )
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
+        self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
+        self.executor.on_finish = self.metrics.call_finished
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)
 
@@ -159,6 +162,7 @@ class Manager:
         self.executor.engine_died(handle.engine_id)
 
     def _engine_stats(self, handle: EngineHandle) -> None:
+        self.metrics.heartbeat(handle.engine_id)
         if self.prefixes is not None:
             self.prefixes.relieve(handle)
         self.executor.engines_changed()

@@ -30,7 +30,7 @@ from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.config import ManagerConfig
-from parrot.serve.policy.plan import CallKey, CallView, Plan, Snapshot
+from parrot.serve.policy.plan import CallKey, Plan, Snapshot
 from parrot.serve.policy.registry import make_policy
 from parrot.serve.runtime.call_run import CallRun, CallState, EngineSlot
 from parrot.serve.runtime.call_runner import CallRunner
@@ -67,6 +67,7 @@ class GraphExecutor:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.num_steps = 0
+        self.on_finish: Callable[[CallRun], None] = lambda run: None  # metrics (ServeMetrics)
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._loop(), name="parrot-graph-executor")
@@ -370,6 +371,7 @@ class GraphExecutor:
     def _finish(self, session: Session, run: CallRun, error: ParrotError | None) -> None:
         run.state = CallState.DONE if error is None else CallState.FAILED
         run.finished_at = time.monotonic()
+        self.on_finish(run)
         if error is not None:
             failed = []
             for var_id in run.call.outputs.values():
@@ -395,6 +397,3 @@ class GraphExecutor:
 
     async def _retire_after(self, run: CallRun) -> None:
         self._retire(run)
-
-
-__all__ = ["CallView", "GraphExecutor"]
