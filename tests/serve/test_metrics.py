@@ -5,7 +5,9 @@ queue and latency histograms, prefix reuse at Semantic Variable boundaries, engi
 from __future__ import annotations
 
 import collections
+import re
 import time
+from pathlib import Path
 
 import httpx
 from live_server import LiveServer, live_server
@@ -16,6 +18,7 @@ from parrot.frontend import Input, Output, SamplingParams, Session, semantic_fun
 from parrot.serve import ManagerConfig
 from parrot.serve.runtime.call_run import CallState
 
+GRAFANA = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "parrot.json"
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
@@ -76,6 +79,8 @@ def run_map_reduce(server: LiveServer) -> str:
     assert svg.status_code == 200
     assert svg.headers["content-type"] == "image/svg+xml"
     assert svg.text.count('class="node call state_done objective_') == 5
+    # The Grafana dashboard queries only metrics the manager exports.
+    assert sorted(set(re.findall(r"parrot:[a-z_]+", GRAFANA.read_text())) - set(metrics)) == []
     return s.session_id
 
 
