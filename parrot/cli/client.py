@@ -40,3 +40,19 @@ def fetch_status(http: httpx.Client) -> ClusterStatus:
 
 def client(a: argparse.Namespace) -> httpx.Client:
     return httpx.Client(base_url=a.url, headers={"Authorization": f"Bearer {a.api_key}"}, timeout=10.0)
+
+
+def savings(before: ClusterStatus, after: ClusterStatus) -> str:
+    """What Parrot saved between two statuses: client round trips (a request-level client pays one
+    per call; here only the variables it fetched) and prompt tokens reused from shared prefixes."""
+    calls = after.num_calls_finished - before.num_calls_finished
+    gets = after.num_variable_gets - before.num_variable_gets
+    prompt = after.num_prompt_tokens - before.num_prompt_tokens
+    reused = after.num_reused_tokens - before.num_reused_tokens
+    generated = after.num_generated_tokens - before.num_generated_tokens
+    share = f" ({reused / prompt:.0%})" if prompt else ""
+    return (
+        f"{calls} calls finished, {generated} tokens generated; saved {max(calls - gets, 0)} client round trips "
+        f"({gets} fetches instead of {calls} requests) and reused {reused} of {prompt} prompt tokens "
+        f"from shared prefixes{share}"
+    )

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import parrot
-from parrot.cli.client import KEY_ENV, URL_ENV, client, fetch_status, manager_args
-from parrot.protocol.ops_api import ClusterStatus, SessionSummary
+from parrot.cli.client import KEY_ENV, URL_ENV, client, fetch_status, manager_args, savings
+from parrot.protocol.ops_api import SessionSummary
 
 
 def run_args(p: argparse.ArgumentParser) -> None:
@@ -38,19 +38,6 @@ def _line(sessions: dict[str, SessionSummary]) -> tuple[int, int, str]:
     running, waiting = sum(x.num_calls_running for x in s), sum(x.num_calls_waiting for x in s)
     tokens = sum(x.num_generated_tokens for x in s)
     return done, calls, f"{len(s)} sessions: {running} running, {waiting} waiting, {tokens} tokens generated"
-
-
-def summary(before: ClusterStatus, after: ClusterStatus, elapsed_s: float, returncode: int) -> str:
-    """What the run used and what the server-side DAG and prefix sharing saved it."""
-    calls = after.num_calls_finished - before.num_calls_finished
-    prompt = after.num_prompt_tokens - before.num_prompt_tokens
-    reused = after.num_reused_tokens - before.num_reused_tokens
-    generated = after.num_generated_tokens - before.num_generated_tokens
-    share = f" ({reused / prompt:.0%})" if prompt else ""
-    return (
-        f"app exited {returncode} after {elapsed_s:.1f} s: {calls} calls finished on the manager, "
-        f"{generated} tokens generated; {reused} of {prompt} prompt tokens reused from shared prefixes{share}"
-    )
 
 
 def cmd_run(a: argparse.Namespace) -> None:
@@ -84,6 +71,6 @@ def cmd_run(a: argparse.Namespace) -> None:
                 time.sleep(a.interval_s)
         elapsed = time.monotonic() - start
         after = fetch_status(http)
-    print(summary(before, after, elapsed, proc.returncode), flush=True)
+    print(f"app exited {proc.returncode} after {elapsed:.1f} s: {savings(before, after)}", flush=True)
     if proc.returncode:
         raise SystemExit(proc.returncode)

@@ -64,6 +64,9 @@ class ClusterStatus(_Msg):
     num_reused_tokens: int
     num_generated_tokens: int
     prefix_hit_rate: float
+    # Gets and streams of variables: the client round trips paid (a request-level client pays one
+    # per call; a DAG's intermediate values need none).
+    num_variable_gets: int = 0
 
 
 class DagNode(_Msg):

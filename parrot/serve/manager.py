@@ -328,6 +328,7 @@ class Manager:
         """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         session.num_waiting_gets += 1
         try:
             await var.wait(timeout_s)
@@ -344,6 +345,7 @@ class Manager:
         """Text chunks as they are generated; raises the variable's error if it fails."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         return self._stream(session, var, timeout_s)
 
     async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:

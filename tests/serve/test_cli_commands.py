@@ -218,9 +218,11 @@ def test_run_an_app_with_progress_and_a_summary(
     assert lines[0] == "RESULT True"
     metrics = server.manager.metrics.totals
     assert metrics["calls"] == 4
+    assert metrics["gets"] == 1  # the app fetched the result only
     assert re.fullmatch(
-        rf"app exited 0 after \d+\.\d s: 4 calls finished on the manager, 16 tokens generated; "
-        rf"{metrics['reused']} of {metrics['prompt']} prompt tokens reused from shared prefixes \(\d+%\)",
+        rf"app exited 0 after \d+\.\d s: 4 calls finished, 16 tokens generated; saved 3 client round trips "
+        rf"\(1 fetches instead of 4 requests\) and reused {metrics['reused']} of {metrics['prompt']} prompt "
+        rf"tokens from shared prefixes \(\d+%\)",
         lines[1],
     )
     assert metrics["reused"] >= 2 * 32  # two of the three maps fork the editor's instructions

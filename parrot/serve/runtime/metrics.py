@@ -86,6 +86,11 @@ class ServeMetrics:
         self.generation_tokens = Counter(
             "parrot:generation_tokens", "Tokens generated for finished calls", by_objective, registry=r
         )
+        self.gets = Counter(
+            "parrot:variable_gets",
+            "Gets and streams of variables: the waits a client paid a round trip for",
+            registry=r,
+        )
         self.heartbeats = Counter("parrot:engine_heartbeats", "Heartbeats engines answered", ["engine_id"], registry=r)
         # The same sums as plain numbers, for `GET /v1/status` (prefix-cache hit rate).
         self.totals: collections.Counter[str] = collections.Counter()
@@ -117,6 +122,10 @@ class ServeMetrics:
             self.ttft.labels(objective).observe(first - start)
             if run.num_generated_tokens > 1:
                 self.tpot.labels(objective).observe((end - first) / (run.num_generated_tokens - 1))
+
+    def variable_get(self) -> None:
+        self.gets.inc()
+        self.totals["gets"] += 1
 
     def heartbeat(self, engine_id: str) -> None:
         self.heartbeats.labels(engine_id).inc()

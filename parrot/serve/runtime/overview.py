@@ -85,6 +85,7 @@ def cluster_status(
         num_reused_tokens=t["reused"],
         num_generated_tokens=t["generated"],
         prefix_hit_rate=t["reused"] / t["prompt"] if t["prompt"] else 0.0,
+        num_variable_gets=t["gets"],
     )
 
 
