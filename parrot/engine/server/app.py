@@ -20,11 +20,22 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from parrot.engine.async_engine import AsyncEngine
-from parrot.protocol.engine_api import EngineStats, FillRequest, FillResult, FreeContextRequest, GenerateRequest
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
 from parrot.protocol.public_api import ErrorResponse
 from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers, require_bearer
 
 MAX_BODY_BYTES = 16 << 20
+# What the routes answer besides 200 and 400 (documented for every route by `document_errors`).
+_ERROR = {"model": ErrorResponse}
+_ALWAYS = {401: _ERROR, 413: _ERROR, 503: _ERROR}  # no secret / over the body limit / stopping
+_CONTEXT = {**_ALWAYS, 404: _ERROR, 409: _ERROR}  # an unknown context or parent / one in the way
 
 
 def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI:
@@ -37,11 +48,14 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
     if secret:
         app.middleware("http")(require_bearer(secret, "/v1/engine/"))
 
-    @app.post("/v1/engine/fill")
+    @app.post("/v1/engine/fill", responses=_CONTEXT)
     async def fill(req: FillRequest) -> FillResult:
         return await engine.fill(req)
 
-    @app.post("/v1/engine/generate")
+    @app.post(
+        "/v1/engine/generate",
+        responses={**_CONTEXT, 200: {"content": {"application/x-ndjson": {"schema": TokenEvent.model_json_schema()}}}},
+    )
     async def generate(req: GenerateRequest) -> StreamingResponse:
         events = engine.generate(req)
         # Pull the first event before answering, so submission errors become a 4xx, not a stream.
@@ -54,16 +68,16 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/engine/free_context")
+    @app.post("/v1/engine/free_context", responses=_CONTEXT)
     async def free_context(req: FreeContextRequest) -> dict[str, str]:
         await engine.free_context(req)
         return {}
 
-    @app.get("/v1/engine/stats")
+    @app.get("/v1/engine/stats", responses=_ALWAYS)
     async def stats() -> EngineStats:
         return await engine.stats()
 
-    @app.get("/v1/engine/info")
+    @app.get("/v1/engine/info", responses=_ALWAYS)
     async def info() -> dict[str, object]:
         return {
             "model": engine.model_name,
