@@ -15,6 +15,7 @@ over MAX_BODY_BYTES a 413.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
@@ -33,9 +34,11 @@ from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_
 
 MAX_BODY_BYTES = 16 << 20
 # What the routes answer besides 200 and 400 (documented for every route by `document_errors`).
-_ERROR = {"model": ErrorResponse}
-_ALWAYS = {401: _ERROR, 413: _ERROR, 503: _ERROR}  # no secret / over the body limit / stopping
-_CONTEXT = {**_ALWAYS, 404: _ERROR, 409: _ERROR}  # an unknown context or parent / one in the way
+_ERROR: dict[str, Any] = {"model": ErrorResponse}
+# 401 without the secret, 413 over the body limit, 503 while stopping; 404 an unknown context or
+# parent, 409 a context in the way.
+_ALWAYS: dict[int | str, dict[str, Any]] = {401: _ERROR, 413: _ERROR, 503: _ERROR}
+_CONTEXT: dict[int | str, dict[str, Any]] = {**_ALWAYS, 404: _ERROR, 409: _ERROR}
 
 
 def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI:
