@@ -18,6 +18,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.graph import SessionGraph
+from parrot.serve.runtime.rate import RateLimiter
 
 _NUM_TOMBSTONES = 10_000
 
@@ -45,11 +46,21 @@ class Session:
         self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
+        self.num_chars = 0  # text stored: templates and input values (ManagerConfig.max_chars_per_session)
 
     @property
     def num_open_calls(self) -> int:
         """Its calls not finished yet (waiting for inputs or an engine, or running)."""
         return sum(r.state is CallState.WAITING or r.state is CallState.RUNNING for r in self.runs.values())
+
+    def check_chars(self, num_chars: int, limit: int, field: str) -> None:
+        """413 naming `field` if storing `num_chars` more characters of text would pass `limit`."""
+        if self.num_chars + num_chars > limit:
+            raise ParrotError(
+                f"the session would store {self.num_chars + num_chars} characters of text; the limit is {limit}",
+                status=413,
+                field=field,
+            )
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -66,6 +77,7 @@ class SessionRegistry:
         self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
+        self.rates = RateLimiter(config.max_requests_per_s_per_tenant, config.request_burst_per_tenant)
 
     def tenant_of(self, api_key: str | None) -> str:
         """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
@@ -74,7 +86,9 @@ class SessionRegistry:
         config = self.config
         if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
-        return "tenant-" + _hash(api_key)[:16]
+        tenant = "tenant-" + _hash(api_key)[:16]
+        self.rates.charge(tenant)
+        return tenant
 
     def of_tenant(self, tenant: str) -> set[Session]:
         """The tenant's open sessions."""
@@ -131,6 +145,7 @@ class SessionRegistry:
             if session_id in self.sessions:
                 raise ParrotError("this token belongs to another session", status=403, field="session_id")
             raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+        self.rates.charge(session.tenant)
         session.touch()
         return session
 
