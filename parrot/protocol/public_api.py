@@ -116,6 +116,22 @@ class SessionStatus(_Msg):
     engines: list[EngineUsage] = Field(default_factory=list)  # by engine its calls ran on
 
 
+class SessionSummary(_Msg):
+    """One line of GET /v1/sessions: what a session holds (an operator sees every tenant's)."""
+
+    session_id: str
+    tenant: str  # a hash of the API key that opened it, never the key
+    num_variables: int
+    num_calls: int
+    num_calls_open: int  # waiting or running
+    num_chars: int  # text stored: templates and input values
+    idle_s: float
+
+
+class SessionList(_Msg):
+    sessions: list[SessionSummary]
+
+
 # --- engines (operators) ----------------------------------------------------------------------
 
 

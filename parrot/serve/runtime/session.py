@@ -94,14 +94,35 @@ class SessionRegistry:
         """The tenant's open sessions."""
         return self._by_tenant.get(tenant, set())
 
+    def is_operator(self, api_key: str) -> bool:
+        return self.config.open_access or _key_in(api_key, self.config.operator_keys)
+
     def require_operator(self, api_key: str | None) -> None:
         """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
         self.tenant_of(api_key)
         assert api_key is not None
-        if not self.config.open_access and not _key_in(api_key, self.config.operator_keys):
+        if not self.is_operator(api_key):
             raise ParrotError(
                 "this needs an operator key (ManagerConfig.operator_keys)", status=403, field="authorization"
             )
+
+    def visible_to(self, api_key: str | None) -> list[Session]:
+        """The sessions a key may see: an operator's, every session; a tenant's, its own."""
+        tenant = self.tenant_of(api_key)
+        assert api_key is not None
+        if self.is_operator(api_key):
+            return list(self.sessions.values())
+        return list(self.of_tenant(tenant))
+
+    def inspect(self, token: str | None, session_id: str) -> Session:
+        """For reading a session's status: its own token, or an operator key for any session."""
+        if token and not token.startswith("pst-"):
+            self.require_operator(token)
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+            return session
+        return self.authenticate(token, session_id)
 
     def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
         if len(self.sessions) >= self.config.max_sessions:
