@@ -26,7 +26,13 @@ class _Msg(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class FillRequest(_Msg):
+class _Req(_Msg):
+    """A request body: types are strict (`true` is not 1, "5" is not 5), as the OpenAPI document says."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class FillRequest(_Req):
     """Create `context_id` holding `token_ids` (a fork of `parent_context_id`'s tokens first, if
     given), or with `append` extend the existing `context_id`. Creating an id that exists is a 409
     and appending to one that does not a 404, so a stale or repeated request never silently
@@ -43,7 +49,7 @@ class FillRequest(_Msg):
             raise ValueError("an append names no parent_context_id: the context has its tokens already")
         return self
 
-    objective: Objective = Objective.LATENCY
+    objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
 
 
@@ -53,7 +59,7 @@ class FillResult(_Msg):
     num_filled_tokens: int  # tokens this fill computed
 
 
-class GenerateRequest(_Msg):
+class GenerateRequest(_Req):
     """Decode into `context_id` (created as a fork of `parent_context_id` if given).
 
     With `token_ids`, one request fills then generates: first `token_ids` go into `context_id`
@@ -68,7 +74,7 @@ class GenerateRequest(_Msg):
     parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
     token_ids: list[int] = Field(default_factory=list, max_length=MAX_FILL_TOKENS)
     append: bool = False
-    objective: Objective = Objective.LATENCY
+    objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
 
     @model_validator(mode="after")
@@ -118,7 +124,7 @@ class TokenEvent(_Msg):
     output_token_ids: list[int] | None = None
 
 
-class FreeContextRequest(_Msg):
+class FreeContextRequest(_Req):
     context_id: ContextId = _ID
 
 

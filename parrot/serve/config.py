@@ -27,6 +27,12 @@ class ManagerConfig:
     # engine between the tenants that have work (app_centric), so one tenant's flood delays only it.
     max_sessions_per_tenant: int = 1_000
     max_open_calls_per_tenant: int = 10_000
+    # Requests per second per tenant (a token bucket: `max_requests_per_s_per_tenant` on average,
+    # `request_burst_per_tenant` at once); over it, 429 with Retry-After.
+    max_requests_per_s_per_tenant: float = 500.0
+    request_burst_per_tenant: int = 1_000
+    # Text a session stores (templates and input values), in characters; past it 413.
+    max_chars_per_session: int = 64_000_000
     max_variables_per_session: int = 100_000
     max_calls_per_session: int = 50_000
     max_body_bytes: int = 16 * 1024 * 1024
@@ -88,6 +94,9 @@ class ManagerConfig:
             "max_sessions",
             "max_sessions_per_tenant",
             "max_open_calls_per_tenant",
+            "max_requests_per_s_per_tenant",
+            "request_burst_per_tenant",
+            "max_chars_per_session",
             "max_variables_per_session",
             "max_calls_per_session",
             "max_body_bytes",

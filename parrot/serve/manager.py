@@ -37,7 +37,7 @@ from parrot.protocol.public_api import (
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.batches import stage_batch, tokenize_batch
+from parrot.serve.runtime.batches import batch_chars, stage_batch, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
@@ -257,9 +257,7 @@ class Manager:
     ) -> SubmitResponse:
         """`submit` for the HTTP routes: a batch with much text is tokenized on a worker thread,
         so the event loop (other sessions, health checks) keeps answering meanwhile."""
-        num_chars = sum(len(c.template) for c in req.calls) + sum(len(v.value or "") for v in req.variables)
-        num_chars += sum(len(b.value or "") for c in req.calls for b in c.bindings.values())
-        if num_chars <= _OFFLOAD_CHARS:
+        if batch_chars(req.variables, req.calls) <= _OFFLOAD_CHARS:
             return self.submit(session, req, call_field_prefix)
         self._admit()
         parsed = self._parse(req, call_field_prefix)
@@ -292,6 +290,7 @@ class Manager:
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
         session.graph.commit(staged)
+        session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)
         return staged
 
@@ -316,7 +315,9 @@ class Manager:
         if var.is_done:
             raise conflict(f"variable {var_id!r} is already set", field="value")
         if value is not None:
+            session.check_chars(len(value), self.config.max_chars_per_session, "value")
             var.set(value)
+            session.num_chars += len(value)
         else:
             var.fail(ParrotError(f"variable {var_id!r} was set to an error by the client: {error}", status=424))
         self.executor.variables_set(session, [var])

@@ -16,6 +16,7 @@ over MAX_BODY_BYTES a 413.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
@@ -23,11 +24,24 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.server.metrics import EngineMetrics
-from parrot.protocol.engine_api import EngineStats, FillRequest, FillResult, FreeContextRequest, GenerateRequest
+from parrot.protocol.engine_api import (
+    EngineStats,
+    FillRequest,
+    FillResult,
+    FreeContextRequest,
+    GenerateRequest,
+    TokenEvent,
+)
 from parrot.protocol.public_api import ErrorResponse
 from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers, require_bearer
 
 MAX_BODY_BYTES = 16 << 20
+# What the routes answer besides 200 and 400 (documented for every route by `document_errors`).
+_ERROR: dict[str, Any] = {"model": ErrorResponse}
+# 401 without the secret, 413 over the body limit, 503 while stopping; 404 an unknown context or
+# parent, 409 a context in the way.
+_ALWAYS: dict[int | str, dict[str, Any]] = {401: _ERROR, 413: _ERROR, 503: _ERROR}
+_CONTEXT: dict[int | str, dict[str, Any]] = {**_ALWAYS, 404: _ERROR, 409: _ERROR}
 
 
 def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI:
@@ -41,11 +55,14 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
         app.middleware("http")(require_bearer(secret, "/v1/engine/"))
     metrics = app.state.metrics = EngineMetrics()
 
-    @app.post("/v1/engine/fill")
+    @app.post("/v1/engine/fill", responses=_CONTEXT)
     async def fill(req: FillRequest) -> FillResult:
         return await engine.fill(req)
 
-    @app.post("/v1/engine/generate")
+    @app.post(
+        "/v1/engine/generate",
+        responses={**_CONTEXT, 200: {"content": {"application/x-ndjson": {"schema": TokenEvent.model_json_schema()}}}},
+    )
     async def generate(req: GenerateRequest) -> StreamingResponse:
         events = metrics.observe(req.objective.value, engine.generate(req))
         # Pull the first event before answering, so submission errors become a 4xx, not a stream.
@@ -58,21 +75,21 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/engine/free_context")
+    @app.post("/v1/engine/free_context", responses=_CONTEXT)
     async def free_context(req: FreeContextRequest) -> dict[str, str]:
         await engine.free_context(req)
         return {}
 
-    @app.get("/v1/engine/stats")
+    @app.get("/v1/engine/stats", responses=_ALWAYS)
     async def stats() -> EngineStats:
         metrics.heartbeats.inc()
         return await engine.stats()
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(await engine.stats()), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/engine/info")
+    @app.get("/v1/engine/info", responses=_ALWAYS)
     async def info() -> dict[str, object]:
         return {
             "model": engine.model_name,

@@ -20,6 +20,12 @@ from parrot.serve.runtime.session import Session
 from parrot.serve.runtime.variable import Variable
 
 
+def batch_chars(var_specs: Sequence[VariableSpec], call_specs: Sequence[CallSpec]) -> int:
+    """The text a batch carries: its templates and values, in characters."""
+    values = sum(len(v.value or "") for v in var_specs)
+    return values + sum(len(c.template) + sum(len(b.value or "") for b in c.bindings.values()) for c in call_specs)
+
+
 def stage_batch(
     session: Session,
     var_specs: Sequence[VariableSpec],
@@ -44,6 +50,8 @@ def stage_batch(
             status=413,
             field="calls",
         )
+    staged.num_chars = batch_chars(var_specs, [spec for spec, _, _ in calls])
+    session.check_chars(staged.num_chars, config.max_chars_per_session, "calls" if calls else "variables")
     variables = collections.ChainMap({v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables)
     return staged, variables
 

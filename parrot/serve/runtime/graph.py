@@ -73,6 +73,7 @@ class StagedBatch:
     variables: list[Variable] = field(default_factory=list)  # created by the batch's variables list
     inline_variables: list[Variable] = field(default_factory=list)  # inline values and unbound outputs
     calls: list[CallNode] = field(default_factory=list)
+    num_chars: int = 0  # the text it stores (templates, values): counted against the session's limit
 
 
 class SessionGraph:
