@@ -31,8 +31,10 @@ from parrot.serve.runtime.overview import cluster_status, dag_dot, session_dag
 from parrot.web.edge import BearerToken
 
 _ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (401, 403, 404)}
+_SVG_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (422, 500, 503)}
 router = APIRouter(tags=["operations"], responses=_ERRORS)
 DOT_TIMEOUT_S = 10.0
+MAX_SVG_NODES = 1000  # larger DAGs are not drawn (Graphviz would take seconds at every poll)
 
 
 def _require_operator(manager: Manager, api_key: str | None) -> None:
@@ -66,12 +68,23 @@ async def dag(session_id: str, api_key: BearerToken, manager: ManagerDep) -> Ses
     return _dag(manager, session_id)
 
 
-@router.get("/v1/status/sessions/{session_id}/dag.svg", response_class=Response)
+@router.get(
+    "/v1/status/sessions/{session_id}/dag.svg",
+    response_class=Response,
+    responses={200: {"content": {"image/svg+xml": {}}}, **_SVG_ERRORS},
+)
 async def dag_svg(session_id: str, api_key: BearerToken, manager: ManagerDep) -> Response:
     """The session's DAG as SVG: calls are boxes, variables ellipses; fill by state, a call's
     border by its deduced objective (red: latency, blue: throughput)."""
     _require_operator(manager, api_key)
-    return Response(await render_svg(dag_dot(_dag(manager, session_id))), media_type="image/svg+xml")
+    dag = _dag(manager, session_id)
+    if len(dag.nodes) > MAX_SVG_NODES:
+        raise ParrotError(
+            f"the DAG has {len(dag.nodes)} nodes, more than the {MAX_SVG_NODES} drawn; read it as JSON at .../dag",
+            status=422,
+            field="session_id",
+        )
+    return Response(await render_svg(dag_dot(dag)), media_type="image/svg+xml")
 
 
 async def render_svg(dot_text: str) -> bytes:
