@@ -76,6 +76,11 @@ def run_demo(
                     if finished:
                         break
                     time.sleep(0.25)
+                after = _status(http) if before is not None else None
+                if before is not None and after is not None:  # its sessions closed: the counters say
+                    finished = after.num_calls_finished - before.num_calls_finished
+                    tokens = after.num_generated_tokens - before.num_generated_tokens
+                    progress.update(task, completed=finished, total=finished, description=f"{tokens} tokens")
                 result = future.result()
                 results.append((name, result, time.perf_counter() - start))
         for name, result, seconds in results:

@@ -69,8 +69,14 @@ def cmd_run(a: argparse.Namespace) -> None:
                 if exited:
                     break
                 time.sleep(a.interval_s)
-        elapsed = time.monotonic() - start
-        after = fetch_status(http)
+            elapsed = time.monotonic() - start
+            after = fetch_status(http)
+            # The app's sessions close as it ends, often between two polls: the manager's counters
+            # since the start say how many calls finished.
+            finished = after.num_calls_finished - before.num_calls_finished
+            generated = after.num_generated_tokens - before.num_generated_tokens
+            _, calls, _ = _line(seen)
+            progress.update(task, completed=finished, total=max(calls, finished), description=f"{generated} tokens")
     print(f"app exited {proc.returncode} after {elapsed:.1f} s: {savings(before, after)}", flush=True)
     if proc.returncode:
         raise SystemExit(proc.returncode)
