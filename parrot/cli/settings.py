@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from parrot.engine.attention.registry import backend_names
 from parrot.engine.config import EngineConfig
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
@@ -54,13 +53,24 @@ SERVE_TYPES: dict[str, Any] = {
     "openai_tokenizer": str | None,
     "openai_api_key": str | None,
 }
-# Settings whose values come from a fixed set.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "engine.dtype": ("bfloat16", "float32"),
-    "engine.attention": tuple(backend_names()),
-    "engine.policy": ("fcfs", "priority"),
-    "manager.policy": tuple(sorted(POLICIES)),
+
+
+def _attention_backends() -> tuple[str, ...]:
+    # Imported when an attention backend is named: the registry imports torch, which the
+    # client commands (status, run) need not wait for.
+    from parrot.engine.attention.registry import backend_names
+
+    return tuple(backend_names())
+
+
+# Settings whose values come from a fixed set (each a function: some sets import the engine).
+CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "engine.dtype": lambda: ("bfloat16", "float32"),
+    "engine.attention": _attention_backends,
+    "engine.policy": lambda: ("fcfs", "priority"),
+    "manager.policy": lambda: tuple(sorted(POLICIES)),
 }
+LAZY_HELP = {"engine.attention": "a registered attention backend: paged, shared_prefix, ..."}
 # Flags older than this module, kept: (flag, dest, argparse keywords).
 ALIASES: list[tuple[str, str, dict[str, Any]]] = [
     ("--threads", "engine.num_threads", {"type": int, "metavar": "N"}),
@@ -164,7 +174,8 @@ def check(section: str, values: dict[str, Any]) -> dict[str, Any]:
         if name not in known:
             raise ConfigError(f"{key} is not a setting; allowed keys in [{section}]: {', '.join(sorted(known))}")
         out[name] = convert(key, known[name], value)
-        allowed = CHOICES.get(key)
+        choices = CHOICES.get(key)
+        allowed = choices() if choices is not None else None
         if allowed is not None and out[name] not in allowed:
             raise ConfigError(f"{key}: {out[name]!r} is not allowed; allowed values: {', '.join(allowed)}")
     return out
@@ -210,9 +221,12 @@ def add_settings_args(p: argparse.ArgumentParser, sections: tuple[str, ...] = SE
             dest = f"{section}.{name}"
             if (dest in own and typing.get_origin(tp) is tuple) or dest == "serve.builtin":
                 continue
-            allowed = CHOICES.get(dest)
             opts: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS}
-            opts["help"] = f"default: {defaults[name]!r}" + (f"; one of {', '.join(allowed)}" if allowed else "")
+            opts["help"] = f"default: {defaults[name]!r}"
+            if dest in LAZY_HELP:
+                opts["help"] += f"; {LAZY_HELP[dest]}"
+            elif dest in CHOICES:
+                opts["help"] += f"; one of {', '.join(CHOICES[dest]())}"
             if tp is bool or tp == bool | None:
                 opts["action"] = argparse.BooleanOptionalAction
             else:
