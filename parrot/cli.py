@@ -94,6 +94,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
         prefix_sharing=not a.no_prefix_sharing,
         objective_deduction=not a.no_objective_deduction,
         tpot_target_ms=a.tpot_target_ms,
+        context_lease_s=a.context_lease_s,
     )
     if manager_config.open_access:
         if not _is_loopback(a.host):
@@ -205,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-prefix-sharing", action="store_true", help="never fork calls from cached prefixes")
     p.add_argument("--no-objective-deduction", action="store_true", help="every call gets the default objective")
     p.add_argument("--tpot-target-ms", type=float, default=50.0, help="latency-critical time per output token")
+    p.add_argument(
+        "--context-lease-s", type=float, default=60.0, help="engines free this run's contexts this long after it dies"
+    )
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("engine", help="builtin engine alone, serving the engine API")
     _engine_args(p)

@@ -183,6 +183,11 @@ class LLMEngine:
                 raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
             self.contexts.free(ctx)
 
+    def context_ids(self, prefixes: tuple[str, ...]) -> list[str]:
+        """The ids of the contexts whose id starts with one of `prefixes`."""
+        with self._cv:
+            return [c for c in self.contexts.contexts if c.startswith(prefixes)]
+
     def stats(self) -> EngineStats:
         with self._cv:
             return EngineStats(

@@ -86,6 +86,9 @@ class ManagerConfig:
     heartbeat_timeout_s: float = 2.0
     engine_dead_after_s: float = 3.0
     max_call_attempts: int = 3
+    # Engines hold this run's contexts on a lease the heartbeat renews every quarter of it; once the
+    # manager is gone for this long, an engine frees them (engine_api.LeaseRequest).
+    context_lease_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -113,6 +116,7 @@ class ManagerConfig:
             "heartbeat_timeout_s",
             "engine_dead_after_s",
             "max_call_attempts",
+            "context_lease_s",
         ):
             if getattr(self, name) <= 0:
                 raise ParrotError(f"{name} must be > 0", field=name)

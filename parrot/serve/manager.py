@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from parrot.protocol.engine_api import LeaseRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Criteria
@@ -78,7 +79,9 @@ class Manager:
         self.prefixes = (
             PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
         )
-        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
+        # Every engine context id this run creates starts with one of these (sessions.py, contexts.py).
+        lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
+        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)

@@ -132,7 +132,7 @@ class SessionRegistry:
             raise ParrotError(
                 f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
             )
-        session_id = "s-" + secrets.token_hex(8)
+        session_id = f"s-{self.run_id}-{secrets.token_hex(8)}"  # its contexts' ids start with it
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
         self.sessions[session_id] = session
