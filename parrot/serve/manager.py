@@ -277,17 +277,10 @@ class Manager:
         have more unfinished calls than its limit."""
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
-        limit = self.config.max_open_calls_per_tenant
-        num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
-        if num_new and num_open + num_new > limit:
-            raise ParrotError(
-                f"this API key has {num_open} unfinished calls; {num_new} more would pass its limit of {limit}",
-                status=429,
-                field="calls",
-                retry_after_s=1,
-            )
+        self.sessions.check_tenant_load(session.tenant, num_calls=num_new)
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
+        self.sessions.check_tenant_load(session.tenant, num_tokens=sum(call.num_tokens for call in staged.calls))
         session.graph.commit(staged)
         session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)
