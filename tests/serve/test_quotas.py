@@ -1,6 +1,6 @@
-"""Per-tenant quotas: open sessions, unfinished calls and their tokens, requests per second, and text
-stored per session; over which a request gets 429 with
-Retry-After naming the limit; other tenants are not affected."""
+"""Per-tenant quotas: open sessions, unfinished calls and their tokens, requests per second (over
+them a request gets 429 with Retry-After naming the limit), and text stored per session (413);
+other tenants are not affected."""
 
 from __future__ import annotations
 
