@@ -108,4 +108,5 @@ class AsyncEngine:
         return self.engine.stats()
 
     async def renew_lease(self, req: LeaseRequest) -> None:
-        self.leases.renew(req)
+        """In process (the embedded mode) the contexts die with the manager: nothing to hold. The
+        engine's HTTP server keeps the leases of the managers that reach it (`self.leases`)."""

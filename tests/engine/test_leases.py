@@ -52,15 +52,15 @@ def test_an_engine_frees_an_expired_leases_contexts_and_keeps_the_rest(tiny_mode
     engine.leases.sweep_s = 0.02
     engine.start()
 
-    async def main() -> None:
+    async def main() -> None:  # the engine server's lease route calls `engine.leases.renew`
         for context_id in ("s-run1-x.c0", "pfx-run1-0-abc", "pfx-run2-0-abc", "mine"):
             await engine.fill(FillRequest(context_id=context_id, token_ids=list(range(1, 40))))
         lease = LeaseRequest(prefixes=["s-run1-", "pfx-run1-"], ttl_s=0.3)
-        await engine.renew_lease(lease)
-        await engine.renew_lease(LeaseRequest(prefixes=["pfx-run2-"], ttl_s=60))
+        engine.leases.renew(lease)
+        engine.leases.renew(LeaseRequest(prefixes=["pfx-run2-"], ttl_s=60))
         for _ in range(5):  # renewed while its holder lives: kept
             await asyncio.sleep(0.1)
-            await engine.renew_lease(lease)
+            engine.leases.renew(lease)
         assert len(engine.engine.context_ids(("",))) == 4
         await asyncio.sleep(0.6)  # the holder is gone
         assert sorted(engine.engine.context_ids(("",))) == ["mine", "pfx-run2-0-abc"]

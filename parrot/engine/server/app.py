@@ -80,7 +80,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
     @app.post("/v1/engine/lease", responses=_ALWAYS)
     async def lease(req: LeaseRequest) -> dict[str, str]:
-        await engine.renew_lease(req)
+        engine.leases.renew(req)
         return {}
 
     @app.get("/v1/engine/stats", responses=_ALWAYS)
