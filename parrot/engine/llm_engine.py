@@ -1,10 +1,9 @@
 """LLMEngine, the engine core: request validation, the builtin engine's state and its compute loop thread.
 
-Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
-forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
-no request can touch a running context: freeing one is refused while it has jobs). The loop blocks
-on `_cv` when there is no work; submissions and frees notify it. Events reach callers through
-each job's sink, called from the loop thread.
+Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's forward pass, which runs
+without the lock (its inputs are copied into tensors under the lock, and no request can touch a running context: freeing
+one is refused while it has jobs). The loop blocks on `_cv` when there is no work; submissions and frees notify it.
+Events reach callers through each job's sink, called from the loop thread.
 """
 
 from __future__ import annotations
@@ -182,6 +181,11 @@ class LLMEngine:
             if self.scheduler.busy(req.context_id):
                 raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
             self.contexts.free(ctx)
+
+    def context_ids(self, prefixes: tuple[str, ...]) -> list[str]:
+        """The ids of the contexts whose id starts with one of `prefixes`."""
+        with self._cv:
+            return [c for c in self.contexts.contexts if c.startswith(prefixes)]
 
     def stats(self) -> EngineStats:
         with self._cv:

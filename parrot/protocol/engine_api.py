@@ -128,6 +128,22 @@ class FreeContextRequest(_Req):
     context_id: ContextId = _ID
 
 
+class LeaseRequest(_Req):
+    """Hold the contexts whose ids start with one of `prefixes` for `ttl_s` more seconds. A holder
+    (a manager run) renews its lease while it lives; once a lease runs out, the engine frees that
+    lease's contexts as soon as no work is queued on them, so a dead manager's contexts come back.
+    Contexts that no lease names are never reclaimed."""
+
+    prefixes: list[str] = Field(min_length=1, max_length=16)
+    ttl_s: float = Field(gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _prefixes_are_specific(self) -> LeaseRequest:
+        if any(not 4 <= len(p) <= 128 for p in self.prefixes):
+            raise ValueError("each prefix must have 4..128 characters")
+        return self
+
+
 class ContextInfo(_Msg):
     context_id: ContextId
     parent_context_id: ContextId | None

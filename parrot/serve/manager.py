@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from parrot.protocol.engine_api import LeaseRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Criteria
@@ -79,7 +80,9 @@ class Manager:
         self.prefixes = (
             PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
         )
-        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
+        # Every engine context id this run creates starts with one of these (sessions.py, contexts.py).
+        lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
+        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
         self.executor.on_finish = self.metrics.call_finished
@@ -278,17 +281,10 @@ class Manager:
         have more unfinished calls than its limit."""
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
-        limit = self.config.max_open_calls_per_tenant
-        num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
-        if num_new and num_open + num_new > limit:
-            raise ParrotError(
-                f"this API key has {num_open} unfinished calls; {num_new} more would pass its limit of {limit}",
-                status=429,
-                field="calls",
-                retry_after_s=1,
-            )
+        self.sessions.check_tenant_load(session.tenant, num_calls=num_new)
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
+        self.sessions.check_tenant_load(session.tenant, num_tokens=sum(call.num_tokens for call in staged.calls))
         session.graph.commit(staged)
         session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)

@@ -1,5 +1,6 @@
-"""Per-tenant quotas: open sessions and unfinished calls, over which a request gets 429 with
-Retry-After naming the limit; other tenants are not affected."""
+"""Per-tenant quotas: open sessions, unfinished calls and their tokens, requests per second (over
+them a request gets 429 with Retry-After naming the limit), and text stored per session (413);
+other tenants are not affected."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from manager_harness import new_session, run_manager
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.rate import RateLimiter
@@ -107,5 +109,35 @@ def test_text_stored_per_session_is_bounded(tiny_model_folder: Path) -> None:
         assert session.num_chars == len(waiting.template) + 900
         assert (await manager.get_variable(session, "c0~o")).value is not None
         assert new_session(manager, "k").num_chars == 0  # a new session starts empty
+
+    run_manager([FakeEngine(tiny_model_folder)], body, config)
+
+
+def test_tokens_in_flight_per_tenant(tiny_model_folder: Path) -> None:
+    """A call counts its known prompt tokens plus its outputs' max_tokens until it finishes."""
+    config = ManagerConfig(max_tokens_in_flight_per_tenant=100, prefix_sharing=False)
+    waiting = CallSpec(
+        template="Echo {{input:x}}:{{output:o}}",
+        bindings={"x": Binding(var_id="x")},
+        default_sampling=SamplingParams(max_tokens=40),
+    )
+
+    async def body(manager: Manager) -> None:
+        flood = new_session(manager, "flooder")
+        manager.submit(flood, SubmitRequest(variables=[VariableSpec(var_id="x")], calls=[waiting, waiting]))
+        held = flood.num_tokens_in_flight
+        assert 80 < held < 100  # 2 x (a few prompt tokens + 40)
+        small = CallSpec(template="Hi{{output:o}}", default_sampling=SamplingParams(max_tokens=100 - held))
+        with pytest.raises(ParrotError) as info:
+            manager.submit(flood, SubmitRequest(calls=[small]))
+        assert [info.value.status, info.value.field, info.value.retry_after_s] == [429, "calls", 1]
+        assert f"has {held} tokens in flight" in info.value.message
+        other = new_session(manager, "other")  # another tenant is not affected
+        manager.submit(other, SubmitRequest(calls=[small]))
+        manager.set_variable(flood, "x", "done")  # the flood's calls finish: their tokens come back
+        for call in ("c0~o", "c1~o"):
+            await manager.get_variable(flood, call)
+        assert flood.num_tokens_in_flight == 0
+        manager.submit(flood, SubmitRequest(calls=[small]))
 
     run_manager([FakeEngine(tiny_model_folder)], body, config)

@@ -4,6 +4,7 @@ Routes (JSON bodies are the parrot.protocol.engine_api models):
     POST /v1/engine/fill          FillRequest -> FillResult (returns when the fill is computed)
     POST /v1/engine/generate      GenerateRequest -> NDJSON stream of TokenEvent, one per line
     POST /v1/engine/free_context  FreeContextRequest -> {}
+    POST /v1/engine/lease         LeaseRequest -> {} (hold contexts by id prefix; expired: freed when idle)
     GET  /v1/engine/stats         EngineStats
     GET  /v1/engine/info          {"model", "model_folder", "max_model_len"}
     GET  /health
@@ -30,6 +31,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
 )
 from parrot.protocol.public_api import ErrorResponse
@@ -78,6 +80,11 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
     @app.post("/v1/engine/free_context", responses=_CONTEXT)
     async def free_context(req: FreeContextRequest) -> dict[str, str]:
         await engine.free_context(req)
+        return {}
+
+    @app.post("/v1/engine/lease", responses=_ALWAYS)
+    async def lease(req: LeaseRequest) -> dict[str, str]:
+        engine.leases.renew(req)
         return {}
 
     @app.get("/v1/engine/stats", responses=_ALWAYS)

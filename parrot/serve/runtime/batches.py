@@ -71,7 +71,8 @@ def tokenize_batch(
         if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
             call.prompt_token_ids = list(prompt_token_ids)
         field = f"{prefix}[{j}].template" if prefix else "template"
-        check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        num_known = check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        call.num_tokens = num_known + sum(s.max_tokens for s in call.sampling.values())
         if message_prefixes is not None:  # a plain request: one text piece
             prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
             prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []

@@ -13,6 +13,7 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
@@ -52,6 +53,13 @@ class Session:
     def num_open_calls(self) -> int:
         """Its calls not finished yet (waiting for inputs or an engine, or running)."""
         return sum(r.state is CallState.WAITING or r.state is CallState.RUNNING for r in self.runs.values())
+
+    @property
+    def num_tokens_in_flight(self) -> int:
+        """Prompt tokens (known at submit) and max output tokens of its unfinished calls."""
+        calls = self.graph.calls
+        open_ = (CallState.WAITING, CallState.RUNNING)
+        return sum(calls[call_id].num_tokens for call_id, r in self.runs.items() if r.state in open_)
 
     def check_chars(self, num_chars: int, limit: int, field: str) -> None:
         """413 naming `field` if storing `num_chars` more characters of text would pass `limit`."""
@@ -106,6 +114,30 @@ class SessionRegistry:
                 "this needs an operator key (ManagerConfig.operator_keys)", status=403, field="authorization"
             )
 
+    def check_tenant_load(self, tenant: str, num_calls: int = 0, num_tokens: int = 0) -> None:
+        """429 (retry in 1 s) if `num_calls` more unfinished calls, or `num_tokens` more tokens in
+        flight, would pass the tenant's limit."""
+        sessions = self.of_tenant(tenant)
+        checks: list[tuple[str, int, int, Callable[[Session], int]]] = [
+            ("unfinished calls", num_calls, self.config.max_open_calls_per_tenant, lambda s: s.num_open_calls),
+            (
+                "tokens in flight (prompts and max_tokens of unfinished calls)",
+                num_tokens,
+                self.config.max_tokens_in_flight_per_tenant,
+                lambda s: s.num_tokens_in_flight,
+            ),
+        ]
+        for what, num_new, limit, held in checks:
+            if num_new:
+                num_held = sum(held(s) for s in sessions)
+                if num_held + num_new > limit:
+                    raise ParrotError(
+                        f"this API key has {num_held} {what}; {num_new} more would pass its limit of {limit}",
+                        status=429,
+                        field="calls",
+                        retry_after_s=1,
+                    )
+
     def visible_to(self, api_key: str | None) -> list[Session]:
         """The sessions a key may see: an operator's, every session; a tenant's, its own."""
         tenant = self.tenant_of(api_key)
@@ -132,7 +164,7 @@ class SessionRegistry:
             raise ParrotError(
                 f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
             )
-        session_id = "s-" + secrets.token_hex(8)
+        session_id = f"s-{self.run_id}-{secrets.token_hex(8)}"  # its contexts' ids start with it
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
         self.sessions[session_id] = session
