@@ -2,10 +2,12 @@
 
 Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field); a
 manager that cannot be reached becomes ParrotError(503). Transient faults are retried with
-exponential backoff (`max_retries`): a request that never reached the server (connection refused
-or timed out while connecting) always; a read (GET, DELETE) also after a dropped connection or a
-429/502/503/504 answer (honouring Retry-After). A submit or a set that may have arrived is never
-repeated: it is not idempotent.
+exponential backoff (`max_retries`, `backoff_s` doubling up to 10 s, or the answer's Retry-After):
+a request that never reached the server (connection refused or timed out while connecting) always;
+a read (GET, DELETE) also after a dropped connection or a 429/502/503/504 answer. A submit or a set
+is repeated only when the manager itself refused it with 429 (a quota) or 503 (no live engine,
+shutting down): its error body says it applied nothing (a batch is all or nothing). After a
+dropped connection, or a 5xx from something else (a proxy), it may have arrived: not repeated.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ class ApiTransport:
                         f"the connection to the manager failed: {type(e).__name__}: {e}", status=503
                     ) from e
             else:
-                if last or not idempotent or resp.status_code not in _RETRY_STATUSES:
+                status = resp.status_code
+                refused = status in (429, 503) and _is_parrot_error(resp)  # nothing was applied
+                if last or status not in _RETRY_STATUSES or not (idempotent or refused):
                     return resp
                 retry_after = resp.headers.get("retry-after", "")
                 delay = min(_MAX_BACKOFF_S, float(retry_after)) if retry_after.isdigit() else delay
@@ -128,12 +132,25 @@ class ApiTransport:
                 yield chunk.text
         raise ParrotError("the variable stream ended without a last line", status=502)
 
+    async def cancel_call(self, call_id: str) -> None:
+        _checked(await self._request("DELETE", self._path(f"/calls/{call_id}"), headers=self._headers))
+
     async def list_variables(self) -> VariableList:
         resp = await self._request("GET", self._path("/variables"), headers=self._headers)
         return VariableList.model_validate(_checked(resp))
 
     def _path(self, tail: str) -> str:
         return f"/v1/sessions/{self.session_id}{tail}"
+
+
+def _is_parrot_error(resp: httpx.Response) -> bool:
+    """The answer is the manager's own error body (ParrotError.to_dict), not a proxy's."""
+    try:
+        body = resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("status") == resp.status_code
 
 
 def _checked(resp: httpx.Response) -> Any:
