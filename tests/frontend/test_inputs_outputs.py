@@ -33,8 +33,8 @@ class QueueOnlyCore(SessionCore):
 @semantic_function
 def combine(items: Input, summary: Output):
     """Combine these:
-{{input:items}}
-Summary:{{output:summary}}"""
+    {{input:items}}
+    Summary:{{output:summary}}"""
 
 
 @semantic_function
@@ -50,8 +50,8 @@ class Person(BaseModel):
 @semantic_function
 def extract(text: Input, person: Output = Output(schema=Person), verdict: Output = select(["yes", "no"])):  # noqa: B008
     """Text: {{input:text}}
-Person:{{output:person}}
-Adult?{{output:verdict}}"""
+    Person:{{output:person}}
+    Adult?{{output:verdict}}"""
 
 
 def test_plain_lists_are_one_inline_value() -> None:
@@ -78,7 +78,8 @@ def test_lists_and_text_with_variables_expand_into_placeholders() -> None:
     assert [lists.bindings["items__1"], lists.bindings["items__3"]] == [Binding(var_id="v0"), Binding(var_id="v1")]
     assert "items" not in lists.bindings
     assert parse_template(lists.template).input_names == ("items__1", "items__3")
-    assert text.template == "Combine these:\nfirst {{input:items__1}} then {{input:items__3}}!\nSummary:{{output:summary}}"
+    expected = "Combine these:\nfirst {{input:items__1}} then {{input:items__3}}!\nSummary:{{output:summary}}"
+    assert text.template == expected
     assert single.template == "Combine these:\n1. {{input:items__1}}\nSummary:{{output:summary}}"
     assert [alone.template, alone.bindings["items"]] == [combine.template, Binding(var_id="v0")]
 
@@ -147,7 +148,7 @@ def test_samples_queue_n_calls_in_one_batch_with_distinct_seeds() -> None:
     try:
         outs = combine.with_sampling(seed=7, temperature=0.8).samples(3, ["a", "b"])
         plain = combine.samples(2, "x")
-        with pytest.raises(ParrotError, match="n must be 1..4096") as info:
+        with pytest.raises(ParrotError, match=r"n must be 1\.\.4096") as info:
             combine.samples(0, "x")
         assert info.value.field == "n"
     finally:
