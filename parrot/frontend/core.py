@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -48,6 +49,7 @@ class SessionCore:
         self._flusher: asyncio.Task[None] | None = None
         self._natives: set[asyncio.Future[None]] = set()
         self._var_ids = itertools.count()
+        self._vars: weakref.WeakValueDictionary[str, SemanticVariable] = weakref.WeakValueDictionary()
         self.session_id = ""
 
     async def open(self, api_key: str, idle_timeout_s: float | None) -> None:
@@ -74,7 +76,17 @@ class SessionCore:
             seq = self._num_queued + 1
             var = SemanticVariable(self, var_id, name, seq, value)
             self._push(VariableSpec(var_id=var_id, name=name, value=value), [var])
+            self._vars[var_id] = var
         return var
+
+    def lookup(self, var_id: str) -> SemanticVariable:
+        """The variable `var_id` of this session (e.g. named by a marker in text): its object while
+        the application holds it, else a new handle whose reads wait for everything queued now."""
+        var = self._vars.get(var_id)
+        if var is not None:
+            return var
+        with self._lock:
+            return SemanticVariable(self, var_id, None, self._num_queued)
 
     def submit_call(self, spec: CallSpec, outputs: list[SemanticVariable]) -> None:
         self.submit_calls([(spec, outputs)])
