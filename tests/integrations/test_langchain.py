@@ -10,7 +10,7 @@ from typing import Any
 
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableSequence
+from langchain_core.runnables import RunnableLambda, RunnableSequence
 from live_server import LiveServer
 
 from parrot.frontend import SamplingParams, Session
@@ -85,7 +85,8 @@ def test_invoke_batch_stream_and_async_forms(server: LiveServer) -> None:
     with Session(server.url) as s:
         chat = ChatParrot(session=s, sampling=TINY)
         assert chat.invoke("Hello").content == expected(chat_prompt("Hello"))
-        assert [m.content for m in chat.batch(["one", "two"])] == [expected(chat_prompt("one")), expected(chat_prompt("two"))]
+        replies = chat.batch(["one", "two"])
+        assert [m.content for m in replies] == [expected(chat_prompt("one")), expected(chat_prompt("two"))]
         assert "".join(str(c.content) for c in chat.stream("Hello")) == expected(chat_prompt("Hello"))
         llm = ParrotLLM(session=s, sampling=TINY)
         assert llm.invoke("Once upon a time") == expected("Once upon a time")
