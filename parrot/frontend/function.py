@@ -106,8 +106,8 @@ class SemanticFunction:
         for out in self.outputs:
             levels = [self._function_settings, self._output_settings[out], self._call_settings]
             levels.append(self._call_output_settings.get(out, {}))
+            check_one_constraint({k: v for level in levels for k, v in level.items()}, f"{self.name}.{out}")
             merged[out] = merge(*levels)
-            check_one_constraint(merged[out].model_dump(), f"{self.name}.{out}")
         return merged
 
     def with_sampling(self, *, outputs: Mapping[str, SamplingLike] | None = None, **settings: Any) -> SemanticFunction:

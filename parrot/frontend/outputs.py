@@ -44,6 +44,7 @@ class Output:
     ) -> None:
         if sampling is not None and settings:
             raise TypeError("give either a SamplingParams or keyword settings, not both")
+        check_one_constraint(settings, "Output")
         self.settings: Settings = settings_of(sampling if sampling is not None else settings, "Output")
         self.parse: Parser | None = None
         if schema is not None:
@@ -78,8 +79,8 @@ def schema_parser(schema: type[BaseModel] | Mapping[str, Any]) -> tuple[dict[str
 
         def parse_model(text: str) -> Any:
             try:
-                return model.model_validate_json(text)
-            except ValidationError as e:
+                return model.model_validate(json.loads(text, strict=False))
+            except (json.JSONDecodeError, ValidationError) as e:
                 raise ParrotError(f"the output is not a valid {model.__name__}: {e}", status=502) from e
 
         return model.model_json_schema(), parse_model
@@ -87,7 +88,7 @@ def schema_parser(schema: type[BaseModel] | Mapping[str, Any]) -> tuple[dict[str
 
         def parse_json(text: str) -> Any:
             try:
-                return json.loads(text)
+                return json.loads(text, strict=False)  # control characters in strings are tolerated
             except json.JSONDecodeError as e:
                 raise ParrotError(f"the output is not JSON: {e}", status=502) from e
 

@@ -100,7 +100,7 @@ def tool_reply(text: str, call_id: str) -> AIMessage:
     """The model's JSON reply as an AIMessage: a tool call, an answer, or an invalid tool call
     (text that is not a reply of the schema) that an agent can show the model."""
     try:
-        reply = json.loads(text)
+        reply = json.loads(text, strict=False)  # a control character inside a string is no reason to fail
         name = reply["tool"]
         if name == NO_TOOL:
             return AIMessage(content=str(reply["answer"]))
