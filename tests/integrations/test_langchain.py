@@ -13,6 +13,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda, RunnableSequence
 from live_server import LiveServer
 
+from examples.langchain_map_reduce import langchain_map_reduce
 from parrot.frontend import SamplingParams, Session
 from parrot.integrations.langchain import ChatParrot, ParrotLLM, resolver
 from parrot.protocol.public_api import SubmitRequest
@@ -106,3 +107,11 @@ def test_invoke_batch_stream_and_async_forms(server: LiveServer) -> None:
 
         hello = expected(chat_prompt("Hello"))
         assert asyncio.run(main()) == [hello, hello, [expected("A"), expected("B")], hello]
+
+
+def test_the_langchain_example_gives_one_result_both_ways(server: LiveServer) -> None:
+    text = " ".join(f"word{i}" for i in range(40))
+    awaited = langchain_map_reduce(text, server.url, chunk_len=10, lazy=False, max_tokens=4)
+    lazy = langchain_map_reduce(text, server.url, chunk_len=10, lazy=True, max_tokens=4)
+    assert lazy == awaited and lazy
+    assert sum(op == "generated" for _, op, _, _ in server.engine.log) == 2 * (4 + 1)
