@@ -54,6 +54,9 @@ def test_an_lcel_map_reduce_is_one_dag_on_the_server(server: LiveServer) -> None
         doc.set("notes")
         assert lazy.resolve(deferred) == awaited
         assert [c.state for c in s.status().calls if c.call_id in ids] == ["done"] * 4
+        # Run async, the chain's resolver awaits the variables together: the same text again.
+        async_result = asyncio.run(map_reduce(lazy, s).ainvoke([f"notes: {t}" for t in topics]))
+        assert async_result == awaited
 
 
 def test_the_consumer_reaches_the_server_before_its_producers_finish(server: LiveServer) -> None:
