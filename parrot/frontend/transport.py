@@ -48,15 +48,15 @@ class ApiTransport:
         self.backoff_s = backoff_s
         self.num_retries = 0  # requests sent again after a transient fault
 
-    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> httpx.Response:
         """One request, retried on transient faults (module docstring); ParrotError(503) if the
-        manager stays unreachable."""
+        manager stays unreachable. `stream`: the body is left unread (the caller closes it)."""
         idempotent = method in ("GET", "DELETE")
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             delay = min(_MAX_BACKOFF_S, self.backoff_s * 2**attempt)
             try:
-                resp = await self._http.request(method, path, **kw)
+                resp = await self._http.send(self._http.build_request(method, path, **kw), stream=stream)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server
                 if last:
                     raise ParrotError(f"cannot reach the manager at {self.base_url}: {e}", status=503) from e
@@ -67,9 +67,12 @@ class ApiTransport:
                     ) from e
             else:
                 status = resp.status_code
+                if stream and status in _RETRY_STATUSES:
+                    await resp.aread()  # an error body, short: read to tell the manager's from a proxy's
                 refused = status in (429, 503) and _is_parrot_error(resp)  # nothing was applied
                 if last or status not in _RETRY_STATUSES or not (idempotent or refused):
                     return resp
+                await resp.aclose()
                 retry_after = resp.headers.get("retry-after", "")
                 delay = min(_MAX_BACKOFF_S, float(retry_after)) if retry_after.isdigit() else delay
             self.num_retries += 1
@@ -117,7 +120,8 @@ class ApiTransport:
     async def stream_variable(self, var_id: str, criteria: Criteria) -> AsyncIterator[str]:
         path = self._path(f"/variables/{var_id}/stream")
         params = {"criteria": criteria.value}
-        async with self._http.stream("GET", path, params=params, headers=self._headers) as resp:
+        resp = await self._request("GET", path, stream=True, params=params, headers=self._headers)
+        try:
             if resp.status_code >= 400:
                 await resp.aread()
                 _checked(resp)
@@ -130,6 +134,8 @@ class ApiTransport:
                 if chunk.done:
                     return
                 yield chunk.text
+        finally:
+            await resp.aclose()
         raise ParrotError("the variable stream ended without a last line", status=502)
 
     async def cancel_call(self, call_id: str) -> None:

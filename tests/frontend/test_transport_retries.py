@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from parrot.frontend.transport import ApiTransport
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import SubmitRequest
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import StreamChunk, SubmitRequest
 from parrot.web.server_thread import ServerThread
 
 STATUS = {
@@ -32,7 +33,7 @@ def flaky_manager(failures: int, status: int, proxy: bool = False) -> tuple[Fast
     """Answers `failures` requests of each route with `status` (the manager's error body, or a
     proxy's plain text), then as a manager would."""
     app = FastAPI()
-    seen = {"status": 0, "submit": 0}
+    seen = {"status": 0, "submit": 0, "stream": 0}
 
     def answer(route: str, body: object) -> Response:
         seen[route] += 1
@@ -41,11 +42,18 @@ def flaky_manager(failures: int, status: int, proxy: bool = False) -> tuple[Fast
         if seen[route] <= failures:
             error = {"error": {"message": "busy", "field": None, "status": status}}
             return JSONResponse(error, status_code=status, headers={"Retry-After": "0"})
+        if route == "stream":
+            lines = [StreamChunk(text="a").model_dump_json(), StreamChunk(done=True).model_dump_json()]
+            return PlainTextResponse("\n".join(lines) + "\n", media_type="application/x-ndjson")
         return JSONResponse(body)
 
     @app.get("/v1/sessions/s-1")
     async def session_status() -> Response:
         return answer("status", STATUS)
+
+    @app.get("/v1/sessions/s-1/variables/v0/stream")
+    async def stream() -> Response:
+        return answer("stream", None)
 
     @app.post("/v1/sessions/s-1/submit")
     async def submit() -> Response:
@@ -69,6 +77,8 @@ def test_reads_are_retried_through_transient_answers() -> None:
             try:
                 assert (await api.status()).session_id == "s-1"
                 assert [seen["status"], api.num_retries] == [3, 2]
+                assert [chunk async for chunk in api.stream_variable("v0", Criteria.LATENCY)] == ["a"]
+                assert [seen["stream"], api.num_retries] == [3, 4]
             finally:
                 await api.aclose()
 
