@@ -33,6 +33,7 @@ import functools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
+from langchain_core.caches import BaseCache
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, BaseLLM
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, SystemMessage
@@ -86,6 +87,8 @@ class _ParrotModel(BaseModel):
     seed: int | None = None
     stop: list[str] | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)  # any other SamplingParams settings
+    # No LangChain response cache: a lazy reply names one call's variable in one session.
+    cache: BaseCache | bool | None = Field(default=False, exclude=True)
 
     @property
     def core(self) -> SessionCore:

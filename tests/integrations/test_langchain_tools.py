@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
+from langchain_core.caches import InMemoryCache
+from langchain_core.globals import set_llm_cache
 from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from live_server import serve_app
@@ -135,3 +137,16 @@ def test_bad_model_arguments_name_the_field(default_model_folder: Path) -> None:
         assert info.value.field == "langchain.with_sampling.temperature"
         result: Any = ChatParrot(session=s, max_tokens=3).invoke("hi")
         assert result.content == "not json"
+
+
+def test_a_global_llm_cache_never_replays_a_lazy_reply(default_model_folder: Path) -> None:
+    set_llm_cache(InMemoryCache())
+    try:
+        with fake_server(default_model_folder) as (url, engine), Session(url) as s:
+            lazy = ChatParrot(session=s, lazy=True)
+            first, second = lazy.invoke("hi"), lazy.invoke("hi")
+            assert [first.content, second.content] == [f"\ue000parrot:{s.session_id}/v{i}\ue001" for i in (0, 1)]
+            assert [lazy.resolve(first.content), lazy.resolve(second.content)] == ["not json", "not json"]
+        assert len(engine.requests) == 2
+    finally:
+        set_llm_cache(None)
