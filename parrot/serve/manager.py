@@ -276,6 +276,15 @@ class Manager:
             session.submitting = False
         return _submitted(staged)
 
+    def cancel_call(self, session: Session, call_id: str) -> None:
+        """Cancel an unfinished call (executor.cancel); 404 for an unknown call, 409 a finished one."""
+        run = session.runs.get(call_id)
+        if run is None:
+            raise not_found("call", call_id, field="call_id")
+        if run.finished_at is not None:
+            raise conflict(f"call {call_id!r} has finished ({run.state}): nothing to cancel", field="call_id")
+        self.executor.cancel(session, run)
+
     def _check_admissible(self, session: Session, num_new: int) -> None:
         """409 while another batch of the session is being tokenized; 429 when its tenant would
         have more unfinished calls than its limit."""
