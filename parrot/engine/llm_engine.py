@@ -1,10 +1,9 @@
 """LLMEngine, the engine core: request validation, the builtin engine's state and its compute loop thread.
 
-Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
-forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
-no request can touch a running context: freeing one is refused while it has jobs). The loop blocks
-on `_cv` when there is no work; submissions and frees notify it. Events reach callers through
-each job's sink, called from the loop thread.
+Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's forward pass, which runs
+without the lock (its inputs are copied into tensors under the lock, and no request can touch a running context: freeing
+one is refused while it has jobs). The loop blocks on `_cv` when there is no work; submissions and frees notify it.
+Events reach callers through each job's sink, called from the loop thread.
 """
 
 from __future__ import annotations
@@ -68,10 +67,8 @@ class LLMEngine:
         attention = "rowwise" if self.batch_invariant else config.attention
         self.tokenizer = Tokenizer(self.model_folder)
         self.max_model_len = mc.max_position_embeddings
-        eos = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_ids = frozenset(eos)
+        tok_eos = self.tokenizer.eos_token_id
+        self.eos_ids = frozenset(mc.eos_token_ids) | (frozenset() if tok_eos is None else frozenset([tok_eos]))
         self.grammars = Grammars(self.model_folder, mc.vocab_size, self.eos_ids)  # constrained output
         num_blocks = config.num_blocks or max(
             1,
@@ -142,9 +139,9 @@ class LLMEngine:
             self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids))
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
-        """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
-        samples the first token); returns its job id (for `abort`)."""
-        fill, grammar = req.fill_part(), self.grammars.check(req.sampling)  # compiled outside the lock
+        """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk samples the
+        first token); returns its job id (for `abort`). A constraint compiles here, outside the lock."""
+        fill, grammar = req.fill_part(), self.grammars.check(req.sampling)
         if fill is not None:
             self._check_tokens(fill.token_ids)
         with self._cv:
@@ -185,6 +182,11 @@ class LLMEngine:
                 raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
             self.contexts.free(ctx)
 
+    def context_ids(self, prefixes: tuple[str, ...]) -> list[str]:
+        """The ids of the contexts whose id starts with one of `prefixes`."""
+        with self._cv:
+            return [c for c in self.contexts.contexts if c.startswith(prefixes)]
+
     def stats(self) -> EngineStats:
         with self._cv:
             return EngineStats(
@@ -201,6 +203,7 @@ class LLMEngine:
                 num_prefill_tokens=self._num_prefill_tokens,
                 num_decode_tokens=self._num_decode_tokens,
                 num_reused_tokens=self.scheduler.num_reused_tokens,
+                num_preemptions=self.scheduler.num_preemptions,
                 step_ms_by_num_tokens=dict(self._step_ms),
                 native_kernels=self.native_kernels,
                 batch_invariant=self.batch_invariant,
@@ -261,10 +264,10 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one scheduled step in the calling thread, for callers that drive the engine
-        themselves (a benchmark timing single steps, an offline script). Only while the loop
-        thread is not running (before `start`, after `stop`). Returns False, without waiting,
-        when no work is queued; events reach the jobs' sinks as they do from the loop."""
+        """Run one scheduled step in the calling thread, for callers that drive the engine themselves (a
+        benchmark timing single steps, an offline script). Only while the loop thread is not running (before
+        `start`, after `stop`). Returns False, without waiting, when no work is queued; events reach the
+        jobs' sinks as they do from the loop."""
         if self._thread is not None:
             raise RuntimeError("LLMEngine.step() needs the loop thread stopped (call stop() first)")
         with self._cv:

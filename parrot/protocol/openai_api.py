@@ -25,7 +25,7 @@ MAX_TOOLS = 128
 
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not 1, "5" is not 5
 
 
 class JsonSchemaFormat(_Req):

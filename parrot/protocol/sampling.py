@@ -23,7 +23,7 @@ class SamplingParams(BaseModel):
     output) or `stop_token_ids` (included), or at the model's EOS unless `ignore_eos`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)  # a request: `true` is not 1
 
     max_tokens: int = Field(default=64, ge=1, le=32768)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)

@@ -23,6 +23,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
     check_context_ids,
 )
@@ -56,6 +57,7 @@ class FakeEngine:
         self.block_size = block_size
         self.contexts: dict[str, list[int]] = {}
         self.busy: set[str] = set()
+        self.leases: list[LeaseRequest] = []  # every renewal, in order
         self.log: list[tuple[float, str, str, int]] = []  # (time, op, context_id, num_tokens)
         self.fail_generate_when: Callable[[str], bool] = lambda prompt: False
 
@@ -132,6 +134,9 @@ class FakeEngine:
             raise ParrotError("busy", status=409, field="context_id")
         del self.contexts[req.context_id]
         self.log.append((time.monotonic(), "free", req.context_id, 0))
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        self.leases.append(req)
 
     async def stats(self) -> EngineStats:
         used = self._num_used_blocks()
