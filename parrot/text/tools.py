@@ -73,6 +73,18 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[tuple
     return content or None, calls
 
 
+def streamable_len(text: str) -> int:
+    """How much of a growing output can be streamed as content now: up to its first tool-call tag,
+    less a tail that may be the beginning of one."""
+    start = text.find(TOOL_CALL_OPEN)
+    if start >= 0:
+        return start
+    for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(TOOL_CALL_OPEN[:k]):
+            return len(text) - k
+    return len(text)
+
+
 def read_call(body: str, names: set[str]) -> tuple[str, str] | None:
     """One call's JSON object {"name": ..., "arguments": {...}} as (name, arguments text)."""
     try:

@@ -11,7 +11,7 @@ import pytest
 from live_server import LiveServer
 
 from parrot.text import Tokenizer
-from parrot.text.tools import parse_tool_calls, plain_messages, tool_call_schema
+from parrot.text.tools import parse_tool_calls, plain_messages, streamable_len, tool_call_schema
 
 WEATHER = {
     "type": "function",
@@ -105,6 +105,20 @@ def test_tool_results_in_the_history_reach_the_prompt(server: LiveServer, client
     assert "<|im_start|>user\n<tool_response>\nsunny, 21 C\n</tool_response><|im_end|>" in prompt
     assert '"name": "get_weather"' in prompt.split("<|im_end|>")[0]  # the tools, in the system message
     assert got.usage is not None and got.usage.prompt_tokens == len(tok.encode(prompt))
+
+
+def test_auto_tool_choice_streams_content_as_it_comes(client: openai.OpenAI) -> None:
+    kw = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "max_tokens": 8, "temperature": 0}
+    got = client.chat.completions.create(**kw, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    assert [got.choices[0].message.tool_calls, got.choices[0].finish_reason] == [None, "length"]
+    chunks = list(client.chat.completions.create(**kw, stream=True, extra_body={"ignore_eos": True}))  # type: ignore[call-overload]
+    contents = [ch.delta.content for c in chunks for ch in c.choices if ch.delta.content]
+    assert "".join(contents) == got.choices[0].message.content
+    assert len(contents) > 1  # streamed, not held to the end
+
+
+def test_streamed_content_stops_at_a_tool_call_tag() -> None:
+    assert [streamable_len(t) for t in ["Hi", "Hi <tool", "Hi <tool_call>{", "a<", "<x"]] == [2, 3, 3, 1, 2]
 
 
 def test_tool_choice_errors_name_the_field(client: openai.OpenAI) -> None:

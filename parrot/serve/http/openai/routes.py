@@ -11,8 +11,8 @@ previous one, an EOS that ended the text included, as vLLM reports them.
 
 Chat with `tools`: the tools are described in the prompt (parrot/text/tools.py) and the output is
 read back as tool calls; `tool_choice` required or named constrains it to one call's JSON. A
-stream with tools sends each choice's content or calls in one delta when the choice ends (a
-partial call is not a call yet).
+stream with tools streams content up to a tool-call tag and sends the calls in one delta when the
+choice ends (a partial call is not a call yet); a forced call comes whole at the end.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from parrot.serve.http.openai.params import (
 )
 from parrot.serve.http.openai.report import TokenReport
 from parrot.serve.manager import Manager
-from parrot.text.tools import parse_tool_calls, read_call
+from parrot.text.tools import parse_tool_calls, read_call, streamable_len
 from parrot.web.edge import BearerToken, error_body
 
 _ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413)}
@@ -214,23 +214,29 @@ async def _chat_stream(
 
     for c in run.choices:
         yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=""))])
-    held = [""] * len(run.choices)  # with tools: each choice's text, sent when it ends
+    # With tools, each choice's text so far and how much of it went out as content: a forced call
+    # streams nothing until it ends; otherwise content streams up to a tool-call tag.
+    held, sent = [""] * len(run.choices), [0] * len(run.choices)
     async for choice, text in run.chunks(joined=reports is not None):
-        report = reports[choice.index] if reports else None
+        i = choice.index
+        report = reports[i] if reports else None
         logprobs = report.take_chat(final=text is None) if report else None
         if text is not None and tools is not None:
-            held[choice.index] += text
-            continue
+            held[i] += text
+            stop = sent[i] if tools.forced else max(sent[i], streamable_len(held[i]))
+            text, sent[i] = held[i][sent[i] : stop], stop
+            if not text and logprobs is None:
+                continue
         if text is not None:
-            yield chunk([ChatChunkChoice(index=choice.index, delta=ChatDelta(content=text), logprobs=logprobs)])
+            yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=logprobs)])
             continue
         finish = choice.finish_reason()
         delta = ChatDelta()
         if tools is not None:
-            content, calls, finish = _chat_output(held[choice.index], finish, tools)
-            deltas = [ToolCallDelta(index=i, id=t.id, function=t.function) for i, t in enumerate(calls or [])]
-            delta = ChatDelta(content=content, tool_calls=deltas or None)
-        yield chunk([ChatChunkChoice(index=choice.index, delta=delta, finish_reason=finish, logprobs=logprobs)])
+            content, calls, finish = _chat_output(held[i][sent[i] :], finish, tools)
+            deltas = [ToolCallDelta(index=k, id=t.id, function=t.function) for k, t in enumerate(calls or [])]
+            delta = ChatDelta(content=content or None, tool_calls=deltas or None)
+        yield chunk([ChatChunkChoice(index=i, delta=delta, finish_reason=finish, logprobs=logprobs)])
     if include_usage:
         yield chunk([], run.usage())
 
