@@ -318,7 +318,7 @@ class GraphExecutor:
         error: ParrotError | None = None
         try:
             if runner.engine is not engine:  # the early fill went elsewhere
-                await runner.rebind(engine, self.config.free_timeout_s)
+                await runner.rebind(engine)
             if runner.engine_lost:
                 raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
             async with asyncio.timeout(self.config.call_deadline_s):  # in this task: no extra hop
@@ -389,7 +389,7 @@ class GraphExecutor:
         if runner.counts_as_early_filled:
             runner.counts_as_early_filled = False
             runner.engine.num_early_filled_calls -= 1
-        task = asyncio.get_running_loop().create_task(runner.free(self.config.free_timeout_s))
+        task = asyncio.get_running_loop().create_task(runner.free())
         self._frees.add(task)
         task.add_done_callback(self._frees.discard)
 
