@@ -9,6 +9,12 @@ the wall time, the round trips paid, the engine's busy time, and the steps split
 prefill-only and mixed: how many, their time, and their mean rows. Writes
 `bench_results/profile/step_profile.{json,md}`. One run per (workload, configuration): a profile,
 not a benchmark (the ratios belong to `benchmarks.run`).
+
+Then, for the decode-only steps of each run, the same batch alone: right after the run, on the
+same engine in the same process, `benchmarks.kernel_ab.StepTimer` decodes that many sequences of
+the run's mean length with the loop thread stopped (only the step is timed), traced the same way.
+The second table compares medians per batch size, the forward pass (`StepRecord.elapsed_s`) and
+the whole step in the loop thread (scheduling to the events' hand-off, `StepRecord.step_s`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +34,7 @@ from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus
 from benchmarks.configs import plan_configs
 from benchmarks.deploy import LocalServer
+from benchmarks.kernel_ab import StepTimer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
@@ -64,6 +72,50 @@ def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
     return out
 
 
+def decode_batches(trace: list[StepRecord], min_steps: int) -> dict[int, list[StepRecord]]:
+    """Decode-only steps by batch size (rows), the sizes with at least `min_steps` steps."""
+    by_size: dict[int, list[StepRecord]] = {}
+    for r in trace:
+        if kind_of(r) == "decode":
+            by_size.setdefault(r.num_decode, []).append(r)
+    return {n: rs for n, rs in sorted(by_size.items()) if len(rs) >= min_steps}
+
+
+def alone(engine: Any, batch: int, seq_len: int, steps: int = 12) -> list[StepRecord]:
+    """Decode steps of `batch` sequences of about `seq_len` tokens with nothing else running
+    (the warm-up steps and the fills left out)."""
+    engine.start_trace()
+    StepTimer(engine).decode_ms(batch, steps=steps, prompt_len=max(1, seq_len))
+    return [r for r in engine.stop_trace() if kind_of(r) == "decode" and r.num_decode == batch][2:]
+
+
+def compare(app: dict[int, list[StepRecord]], engine: Any) -> list[dict[str, float]]:
+    out = []
+    for n, steps in app.items():
+        seq_len = round(statistics.mean(r.num_kv_tokens for r in steps) / n)
+        solo = alone(engine, n, seq_len)
+        row = {"rows": n, "steps": len(steps), "seq_len": seq_len}
+        for field in ("elapsed_s", "step_s"):
+            row[f"app_{field}"] = statistics.median(getattr(r, field) for r in steps)
+            row[f"alone_{field}"] = statistics.median(getattr(r, field) for r in solo)
+        out.append(row)
+    return out
+
+
+def compare_markdown(rows: list[dict[str, Any]]) -> str:
+    head = ["workload", "config", "rows", "steps", "tokens/seq", "forward in app ms", "forward alone ms", "ratio"]
+    head += ["step in app ms", "step alone ms", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        for c in row["decode_vs_alone"]:
+            cells = [row["scenario"], row["config"], str(c["rows"]), str(c["steps"]), str(c["seq_len"])]
+            for field in ("elapsed_s", "step_s"):
+                app, solo = 1000 * c[f"app_{field}"], 1000 * c[f"alone_{field}"]
+                cells += [f"{app:.1f}", f"{solo:.1f}", f"{app / solo:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = ["workload", "config", "metric", "wall s", "round trips s", "engine busy s"]
     for k in KINDS:
@@ -87,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configs", nargs="+", default=["parrot", "a"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--min-steps", type=int, default=5, help="batch sizes compared alone: this many app steps")
     args = parser.parse_args(argv)
     scale, paper = SCALES["quick"], load_paper_workloads()
     scenarios = all_scenarios(scale, paper, set(args.workloads))
@@ -130,12 +183,14 @@ def main(argv: list[str] | None = None) -> None:
                     "round_trip_s": record["round_trip_s"],
                     "busy_s": sum(r.elapsed_s for r in trace),
                     "kinds": {k: asdict(v) for k, v in summarize(trace).items()},
+                    "decode_vs_alone": compare(decode_batches(trace, args.min_steps), server.engine.engine),
                 }
                 rows.append(row)
                 print(markdown([row]).splitlines()[-1], flush=True)
+                print(compare_markdown([row]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_profile.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
+    table = markdown(rows) + "\n" + compare_markdown(rows)
     (args.out / "step_profile.md").write_text(table)
     print(table)
 

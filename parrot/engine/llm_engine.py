@@ -87,6 +87,7 @@ class LLMEngine:
         self.meter = StepMeter()
         self._aborted: set[int] = set()  # job ids to end before the next step
         self._plan_began = 0.0  # perf_counter() when the step being run was scheduled
+        self._kv_tokens = 0  # while tracing: the step's sequences' lengths after it, summed
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -275,6 +276,8 @@ class LLMEngine:
         """The step's rows in order, after the plan's copy-on-write block copies (lock held)."""
         seqs = self.runner.row_order(plan)
         self.cache.copy_blocks(plan.block_copies)
+        if self.meter.trace is not None:  # the keys the step's rows attend to, for the record
+            self._kv_tokens = sum(self.contexts.get(s.job.context_id).num_computed + s.num_new for s in seqs)
         return seqs
 
     def _run_step(self, plan: StepPlan, seqs: list[ScheduledSeq]) -> None:
@@ -305,7 +308,7 @@ class LLMEngine:
             ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
             num_tokens = sum(s.num_new for s in seqs)
             step_s = time.perf_counter() - self._plan_began
-            trace.append(StepRecord(t0, elapsed, len(seqs), ones, num_tokens - ones, step_s))
+            trace.append(StepRecord(t0, elapsed, len(seqs), ones, num_tokens - ones, step_s, self._kv_tokens))
 
     def _next_plan(self, block: bool) -> StepPlan | None:
         """The next plan with rows to compute; None when stopping (blocking) or idle (not)."""

@@ -16,6 +16,7 @@ class StepRecord:
     num_decode: int  # rows that were one generated token each
     num_prefill_tokens: int  # every other row (prompt chunks, a fill's last token)
     step_s: float = 0.0  # the whole step in the loop thread: scheduling to the events' hand-off
+    num_kv_tokens: int = 0  # the step's sequences' lengths after it, summed (keys attended)
 
 
 class StepMeter:
