@@ -109,6 +109,7 @@ class LLMEngine:
                     continue
                 self.scheduler.finish(job)
                 job.emit(ParrotError("engine stopped", status=503))
+            self.contexts.free_released(self.scheduler.busy)
 
     # ---- requests (any thread) ------------------------------------------------------------------
     def submit_fill(self, req: FillRequest, sink: Sink) -> None:
@@ -164,7 +165,7 @@ class LLMEngine:
             if req.context_id not in self.contexts or req.context_id in self.contexts.releasing:
                 raise not_found("context", req.context_id, "context_id")
             self.contexts.releasing.add(req.context_id)
-            self._free_idle()
+            self.contexts.free_released(self.scheduler.busy)
 
     def stats(self) -> EngineStats:
         with self._cv:
@@ -291,6 +292,7 @@ class LLMEngine:
             with self._cv:
                 for s in seqs:
                     self._abort(s.job, ParrotError(f"engine step failed: {exc}", status=500))
+                self.contexts.free_released(self.scheduler.busy)
             return
         elapsed = time.perf_counter() - t0
         with self._cv:
@@ -300,7 +302,7 @@ class LLMEngine:
         if any(row.finish is not None for row in rows):
             with self._cv:
                 end_generations(rows, self.contexts, self.scheduler)
-                self._free_idle()
+                self.contexts.free_released(self.scheduler.busy)
         events += [(row.job.sink, row.event) for row in rows if row.event is not None]
         self.hand_off(events)
         trace = self.meter.trace
@@ -323,7 +325,8 @@ class LLMEngine:
                 for job, error in plan.failed:
                     self._drop_new_context(job)
                     job.emit(error)
-                self._free_idle()  # failures ended work; a fork that started has read its parent
+                # Failures ended work; a fork that started has read its parent.
+                self.contexts.free_released(self.scheduler.busy)
                 if plan.seqs:
                     return plan
                 if plan.failed:
@@ -361,14 +364,9 @@ class LLMEngine:
         for s in plan.seqs:  # fills with nothing left to compute
             if s.job.kind is JobKind.FILL:
                 self._end_fill_if_done(s.job, events)
-        self._free_idle()
+        self.contexts.free_released(self.scheduler.busy)
         self.meter.count(sum(s.num_new for s in seqs), len(rows), elapsed, decoding)
         return rows, events
-
-    def _free_idle(self) -> None:
-        """Free the contexts asked freed while busy whose work has ended (lock held)."""
-        if self.contexts.releasing:
-            self.contexts.free_released(self.scheduler.busy)
 
     def _end_fill_if_done(self, job: Job, events: StepEvents) -> None:
         ctx = self.contexts.get(job.context_id)
@@ -384,7 +382,7 @@ class LLMEngine:
                 self._drop_new_context(job)  # a fork that never started leaves only a placeholder
                 job.emit(TokenEvent(token_id=None, finish_reason="aborted", output_token_ids=job.output_token_ids))
         self._aborted.clear()
-        self._free_idle()
+        self.contexts.free_released(self.scheduler.busy)
 
     def _abort(self, job: Job, error: ParrotError) -> None:
         if not job.finished:
