@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint data bench bench-full bench-engine bench-kernels bench-attention serve clean
+# The dashboard's browser test and DAG layout need Debian's chromium and graphviz (`dot`).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-deps demo test lint data bench bench-full bench-engine bench-kernels bench-attention serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -15,6 +18,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+system-deps:
+	@command -v dot >/dev/null && test -x /usr/bin/chromium || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium graphviz; }
 
 demo: install
 	$(BIN)/python -m examples
@@ -27,7 +34,7 @@ lint: install
 	$(BIN)/ruff format --check parrot tests benchmarks examples scripts
 	$(BIN)/mypy
 
-test: install lint
+test: install lint system-deps
 	$(BIN)/python -W error::SyntaxWarning -m pytest tests
 
 data: install

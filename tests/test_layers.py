@@ -28,6 +28,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "web": ("parrot.engine", "parrot.serve", "parrot.frontend", "parrot.backends", "parrot.text", "torch"),
     "backends": ("parrot.engine", "parrot.serve", "parrot.frontend", "torch", "transformers"),
     "serve": ("parrot.engine", "parrot.frontend", "parrot.backends", "torch", "transformers"),
+    # Integrations are SDK users: the client SDK and the protocol, nothing of the servers.
+    "integrations": (
+        "parrot.engine",
+        "parrot.serve",
+        "parrot.backends",
+        "parrot.web",
+        "parrot.text",
+        "parrot.launch",
+        "parrot.cli",
+        "torch",
+    ),
     # Policies are pure planning: they never reach into runtime state, the HTTP layer or the manager.
     "serve/policy": ("parrot.serve.runtime", "parrot.serve.http", "parrot.serve.manager", "parrot.text", "fastapi"),
     "serve/runtime": ("parrot.serve.http", "parrot.serve.manager", "fastapi"),

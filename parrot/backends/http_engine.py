@@ -14,6 +14,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
 )
 from parrot.protocol.engine_client import EngineUnavailable
@@ -54,6 +55,9 @@ class HttpEngineClient:
 
     async def stats(self) -> EngineStats:
         return EngineStats.model_validate(await self._get("/v1/engine/stats"))
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        await self._post("/v1/engine/lease", req.model_dump(mode="json"))
 
     async def info(self) -> dict[str, Any]:
         """{"model", "model_folder", "max_model_len"} of the engine."""

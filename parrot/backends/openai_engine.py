@@ -68,6 +68,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
     check_context_ids,
 )
@@ -323,6 +324,9 @@ class OpenAIEngineClient:
         if finished is None:
             raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
         yield finished
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        """Nothing to hold: the contexts live here, in the manager's process, and die with it."""
 
     async def free_context(self, req: FreeContextRequest) -> None:
         """As the builtin engine: a context that is generating is freed when its generation ends."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from parrot.engine.config import EngineConfig
+from parrot.engine.leases import LeaseKeeper
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.sched.job import JobEvent, StepEvents
 from parrot.protocol.engine_api import (
@@ -34,6 +35,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
 )
 from parrot.protocol.errors import ParrotError
@@ -81,6 +83,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
         self.engine = engine or LLMEngine(config or EngineConfig())
         self.engine.hand_off = hand_off
+        self.leases = LeaseKeeper(self.engine.context_ids, self.engine.free_context)
 
     @property
     def model_name(self) -> str:
@@ -137,3 +140,7 @@ class AsyncEngine:
 
     async def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        """In process (the embedded mode) the contexts die with the manager: nothing to hold. The
+        engine's HTTP server keeps the leases of the managers that reach it (`self.leases`)."""

@@ -167,6 +167,11 @@ class LLMEngine:
             self.contexts.releasing.add(req.context_id)
             self.contexts.free_released(self.scheduler.busy)
 
+    def context_ids(self, prefixes: tuple[str, ...]) -> list[str]:
+        """The ids of the contexts whose id starts with one of `prefixes`."""
+        with self._cv:
+            return [c for c in self.contexts.contexts if c.startswith(prefixes) and c not in self.contexts.releasing]
+
     def stats(self) -> EngineStats:
         with self._cv:
             return EngineStats(
@@ -183,6 +188,7 @@ class LLMEngine:
                 num_prefill_tokens=self.meter.num_prefill_tokens,
                 num_decode_tokens=self.meter.num_decode_tokens,
                 num_reused_tokens=self.scheduler.num_reused_tokens,
+                num_preemptions=self.scheduler.num_preemptions,
                 step_ms_by_num_tokens=dict(self.meter.step_ms),
                 native_kernels=self.native_kernels,
                 batch_invariant=self.batch_invariant,
@@ -225,14 +231,10 @@ class LLMEngine:
         if bad is not None:
             raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
 
-    def _register(self, context_id: str, parent_id: str | None) -> None:
-        """A new context is registered at once (a placeholder for a fork until the fork runs)."""
-        if context_id not in self.contexts:
-            self.contexts.contexts[context_id] = Context(context_id, parent_id)
-
     def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
         """Register the request's context (validated by the caller) and queue its job."""
-        self._register(req.context_id, req.parent_context_id)
+        if req.context_id not in self.contexts:  # registered at once (a fork's placeholder until it runs)
+            self.contexts.contexts[req.context_id] = Context(req.context_id, req.parent_context_id)
         job = Job(
             next(self._job_ids),
             kind,

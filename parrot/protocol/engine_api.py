@@ -26,7 +26,13 @@ class _Msg(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class FillRequest(_Msg):
+class _Req(_Msg):
+    """A request body: types are strict (`true` is not 1, "5" is not 5), as the OpenAPI document says."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class FillRequest(_Req):
     """Create `context_id` holding `token_ids` (a fork of `parent_context_id`'s tokens first, if
     given), or with `append` extend the existing `context_id`. Creating an id that exists is a 409
     and appending to one that does not a 404, so a stale or repeated request never silently
@@ -43,7 +49,7 @@ class FillRequest(_Msg):
             raise ValueError("an append names no parent_context_id: the context has its tokens already")
         return self
 
-    objective: Objective = Objective.LATENCY
+    objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
 
 
@@ -53,7 +59,7 @@ class FillResult(_Msg):
     num_filled_tokens: int  # tokens this fill computed
 
 
-class GenerateRequest(_Msg):
+class GenerateRequest(_Req):
     """Decode into `context_id` (created as a fork of `parent_context_id` if given).
 
     With `token_ids`, one request fills then generates: first `token_ids` go into `context_id`
@@ -68,7 +74,7 @@ class GenerateRequest(_Msg):
     parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
     token_ids: list[int] = Field(default_factory=list, max_length=MAX_FILL_TOKENS)
     append: bool = False
-    objective: Objective = Objective.LATENCY
+    objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
 
     @model_validator(mode="after")
@@ -118,8 +124,24 @@ class TokenEvent(_Msg):
     output_token_ids: list[int] | None = None
 
 
-class FreeContextRequest(_Msg):
+class FreeContextRequest(_Req):
     context_id: ContextId = _ID
+
+
+class LeaseRequest(_Req):
+    """Hold the contexts whose ids start with one of `prefixes` for `ttl_s` more seconds. A holder
+    (a manager run) renews its lease while it lives; once a lease runs out, the engine frees that
+    lease's contexts as soon as no work is queued on them, so a dead manager's contexts come back.
+    Contexts that no lease names are never reclaimed."""
+
+    prefixes: list[str] = Field(min_length=1, max_length=16)
+    ttl_s: float = Field(gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _prefixes_are_specific(self) -> LeaseRequest:
+        if any(not 4 <= len(p) <= 128 for p in self.prefixes):
+            raise ValueError("each prefix must have 4..128 characters")
+        return self
 
 
 class ContextInfo(_Msg):
@@ -150,6 +172,7 @@ class EngineStats(_Msg):
     num_prefill_tokens: int
     num_decode_tokens: int
     num_reused_tokens: int = 0
+    num_preemptions: int = 0  # running generations sent back to waiting to free KV blocks
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.

@@ -19,6 +19,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
 )
 from parrot.protocol.errors import ParrotError
@@ -49,6 +50,11 @@ class EngineClient(Protocol):
         ...
 
     async def stats(self) -> EngineStats: ...
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        """Hold the contexts the request's prefixes name for its ttl (engine_api.LeaseRequest); an
+        engine whose contexts die with the manager (in process, an adapter's) does nothing."""
+        ...
 
 
 class EngineConnector(Protocol):

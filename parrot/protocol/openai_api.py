@@ -18,7 +18,7 @@ from parrot.protocol.public_api import MAX_VALUE_CHARS
 
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not 1, "5" is not 5
 
 
 class StreamOptions(_Req):

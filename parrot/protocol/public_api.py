@@ -34,6 +34,12 @@ class _Msg(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class _Req(_Msg):
+    """A request body: types are strict (`true` is not 1, "5" is not 5), as the OpenAPI document says."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
 class ErrorBody(_Msg):
     message: str
     field: str | None = None
@@ -52,7 +58,7 @@ class ErrorResponse(_Msg):
 # --- sessions ---------------------------------------------------------------------------------
 
 
-class CreateSessionRequest(_Msg):
+class CreateSessionRequest(_Req):
     idle_timeout_s: float | None = Field(
         default=None, gt=0, le=86_400, description="expire the session after this long without requests"
     )
@@ -110,10 +116,26 @@ class SessionStatus(_Msg):
     engines: list[EngineUsage] = Field(default_factory=list)  # by engine its calls ran on
 
 
+class SessionSummary(_Msg):
+    """One line of GET /v1/sessions: what a session holds (an operator sees every tenant's)."""
+
+    session_id: str
+    tenant: str  # a hash of the API key that opened it, never the key
+    num_variables: int
+    num_calls: int
+    num_calls_open: int  # waiting or running
+    num_chars: int  # text stored: templates and input values
+    idle_s: float
+
+
+class SessionList(_Msg):
+    sessions: list[SessionSummary]
+
+
 # --- engines (operators) ----------------------------------------------------------------------
 
 
-class RegisterEngineRequest(_Msg):
+class RegisterEngineRequest(_Req):
     """An engine to schedule onto: a Parrot engine server (`kind` "parrot", the engine API), or any
     OpenAI-compatible completion server such as vLLM (`kind` "openai", through the manager's
     adapter; the other fields apply to it only)."""
@@ -168,7 +190,7 @@ class VariableState(StrEnum):
     ERROR = "error"
 
 
-class VariableSpec(_Msg):
+class VariableSpec(_Req):
     """Create a variable; with `value` it is an input that is already set."""
 
     var_id: str | None = Field(
@@ -178,7 +200,7 @@ class VariableSpec(_Msg):
     value: str | None = Field(default=None, max_length=MAX_VALUE_CHARS)
 
 
-class SetVariableRequest(_Msg):
+class SetVariableRequest(_Req):
     """Set an input once: a value, or an error (a client-side native function failed), which its
     consumers then see as theirs."""
 
@@ -223,7 +245,7 @@ class StreamChunk(_Msg):
 # --- semantic calls ---------------------------------------------------------------------------
 
 
-class Binding(_Msg):
+class Binding(_Req):
     """What a placeholder is bound to: a variable of the session, or (inputs only) an inline value."""
 
     var_id: str | None = Field(default=None, pattern=ID_PATTERN)
@@ -236,7 +258,7 @@ class Binding(_Msg):
         return self
 
 
-class CallSpec(_Msg):
+class CallSpec(_Req):
     """One semantic call: a template, its placeholder bindings and per-output sampling settings.
 
     Inputs must be bound. An output bound to `var_id` writes that (existing, unset, unproduced)
@@ -257,7 +279,7 @@ class CallInfo(_Msg):
     outputs: dict[str, str]  # output name -> var_id
 
 
-class SubmitRequest(_Msg):
+class SubmitRequest(_Req):
     """A batch, applied all or nothing: variables are created first, then calls in order."""
 
     variables: list[VariableSpec] = Field(default_factory=list, max_length=MAX_BATCH_VARIABLES)
@@ -269,6 +291,6 @@ class SubmitResponse(_Msg):
     calls: list[CallInfo]
 
 
-class GetParams(_Msg):
-    criteria: Criteria = Criteria.LATENCY
+class GetParams(_Req):
+    criteria: Criteria = Field(default=Criteria.LATENCY, strict=False)
     timeout_s: float = Field(default=60.0, gt=0, le=MAX_GET_TIMEOUT_S)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 16
@@ -16,7 +18,7 @@ class SamplingParams(BaseModel):
     output) or `stop_token_ids` (included), or at the model's EOS unless `ignore_eos`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)  # a request: `true` is not 1
 
     max_tokens: int = Field(default=64, ge=1, le=32768)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
@@ -26,6 +28,11 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
+    # Constrained output (at most one): the text matches `regex`, parses as JSON valid against
+    # `json_schema`, or is exactly one of `choices`.
+    regex: str | None = Field(default=None, min_length=1, max_length=4096)
+    json_schema: dict[str, Any] | None = None
+    choices: list[str] | None = Field(default=None, min_length=1, max_length=64)
 
     @field_validator("stop")
     @classmethod

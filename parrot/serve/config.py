@@ -27,6 +27,14 @@ class ManagerConfig:
     # engine between the tenants that have work (app_centric), so one tenant's flood delays only it.
     max_sessions_per_tenant: int = 1_000
     max_open_calls_per_tenant: int = 10_000
+    # ... and prompt tokens (known at submit) plus max output tokens of those calls.
+    max_tokens_in_flight_per_tenant: int = 4_000_000
+    # Requests per second per tenant (a token bucket: `max_requests_per_s_per_tenant` on average,
+    # `request_burst_per_tenant` at once); over it, 429 with Retry-After.
+    max_requests_per_s_per_tenant: float = 500.0
+    request_burst_per_tenant: int = 1_000
+    # Text a session stores (templates and input values), in characters; past it 413.
+    max_chars_per_session: int = 64_000_000
     max_variables_per_session: int = 100_000
     max_calls_per_session: int = 50_000
     max_body_bytes: int = 16 * 1024 * 1024
@@ -77,6 +85,9 @@ class ManagerConfig:
     heartbeat_timeout_s: float = 2.0
     engine_dead_after_s: float = 3.0
     max_call_attempts: int = 3
+    # Engines hold this run's contexts on a lease the heartbeat renews every quarter of it; once the
+    # manager is gone for this long, an engine frees them (engine_api.LeaseRequest).
+    context_lease_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -85,6 +96,10 @@ class ManagerConfig:
             "max_sessions",
             "max_sessions_per_tenant",
             "max_open_calls_per_tenant",
+            "max_tokens_in_flight_per_tenant",
+            "max_requests_per_s_per_tenant",
+            "request_burst_per_tenant",
+            "max_chars_per_session",
             "max_variables_per_session",
             "max_calls_per_session",
             "max_body_bytes",
@@ -100,6 +115,7 @@ class ManagerConfig:
             "heartbeat_timeout_s",
             "engine_dead_after_s",
             "max_call_attempts",
+            "context_lease_s",
         ):
             if getattr(self, name) <= 0:
                 raise ParrotError(f"{name} must be > 0", field=name)

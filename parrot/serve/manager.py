@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from parrot.protocol.engine_api import LeaseRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Criteria
@@ -37,12 +38,13 @@ from parrot.protocol.public_api import (
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.batches import stage_batch, tokenize_batch
+from parrot.serve.runtime.batches import batch_chars, stage_batch, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
 from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
+from parrot.serve.runtime.metrics import ServeMetrics
 from parrot.serve.runtime.prefix_cache import PrefixCache
 from parrot.serve.runtime.session import Session, SessionRegistry
 from parrot.serve.runtime.status import session_status
@@ -78,8 +80,12 @@ class Manager:
         self.prefixes = (
             PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
         )
-        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats)
+        # Every engine context id this run creates starts with one of these (sessions.py, contexts.py).
+        lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
+        self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
+        self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
+        self.executor.on_finish = self.metrics.call_finished
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)
 
@@ -159,6 +165,7 @@ class Manager:
         self.executor.engine_died(handle.engine_id)
 
     def _engine_stats(self, handle: EngineHandle) -> None:
+        self.metrics.heartbeat(handle.engine_id)
         if self.prefixes is not None:
             self.prefixes.relieve(handle)
         self.executor.engines_changed()
@@ -253,9 +260,7 @@ class Manager:
     ) -> SubmitResponse:
         """`submit` for the HTTP routes: a batch with much text is tokenized on a worker thread,
         so the event loop (other sessions, health checks) keeps answering meanwhile."""
-        num_chars = sum(len(c.template) for c in req.calls) + sum(len(v.value or "") for v in req.variables)
-        num_chars += sum(len(b.value or "") for c in req.calls for b in c.bindings.values())
-        if num_chars <= _OFFLOAD_CHARS:
+        if batch_chars(req.variables, req.calls) <= _OFFLOAD_CHARS:
             return self.submit(session, req, call_field_prefix)
         self._admit()
         parsed = self._parse(req, call_field_prefix)
@@ -271,23 +276,26 @@ class Manager:
             session.submitting = False
         return _submitted(staged)
 
+    def cancel_call(self, session: Session, call_id: str) -> None:
+        """Cancel an unfinished call (executor.cancel); 404 for an unknown call, 409 a finished one."""
+        run = session.runs.get(call_id)
+        if run is None:
+            raise not_found("call", call_id, field="call_id")
+        if run.finished_at is not None:
+            raise conflict(f"call {call_id!r} has finished ({run.state}): nothing to cancel", field="call_id")
+        self.executor.cancel(session, run)
+
     def _check_admissible(self, session: Session, num_new: int) -> None:
         """409 while another batch of the session is being tokenized; 429 when its tenant would
         have more unfinished calls than its limit."""
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
-        limit = self.config.max_open_calls_per_tenant
-        num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
-        if num_new and num_open + num_new > limit:
-            raise ParrotError(
-                f"this API key has {num_open} unfinished calls; {num_new} more would pass its limit of {limit}",
-                status=429,
-                field="calls",
-                retry_after_s=1,
-            )
+        self.sessions.check_tenant_load(session.tenant, num_calls=num_new)
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
+        self.sessions.check_tenant_load(session.tenant, num_tokens=sum(call.num_tokens for call in staged.calls))
         session.graph.commit(staged)
+        session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)
         return staged
 
@@ -312,7 +320,9 @@ class Manager:
         if var.is_done:
             raise conflict(f"variable {var_id!r} is already set", field="value")
         if value is not None:
+            session.check_chars(len(value), self.config.max_chars_per_session, "value")
             var.set(value)
+            session.num_chars += len(value)
         else:
             var.fail(ParrotError(f"variable {var_id!r} was set to an error by the client: {error}", status=424))
         self.executor.variables_set(session, [var])
@@ -324,6 +334,7 @@ class Manager:
         """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         session.num_waiting_gets += 1
         try:
             await var.wait(timeout_s)
@@ -340,6 +351,7 @@ class Manager:
         """Text chunks as they are generated; raises the variable's error if it fails."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         return self._stream(session, var, timeout_s)
 
     async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:

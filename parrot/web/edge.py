@@ -58,7 +58,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         field = "body" if exc.status_code == 413 else None
-        return error_response(ParrotError(str(exc.detail), status=exc.status_code, field=field))
+        response = error_response(ParrotError(str(exc.detail), status=exc.status_code, field=field))
+        response.headers.update(exc.headers or {})  # a 405's Allow names the methods the path takes
+        return response
 
     app.add_exception_handler(ParrotError, on_parrot_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

@@ -23,6 +23,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
     check_context_ids,
 )
@@ -57,6 +58,7 @@ class FakeEngine:
         self.contexts: dict[str, list[int]] = {}
         self.busy: set[str] = set()
         self.free_when_idle: set[str] = set()  # freed while generating: freed when it ends
+        self.leases: list[LeaseRequest] = []  # every renewal, in order
         self.log: list[tuple[float, str, str, int]] = []  # (time, op, context_id, num_tokens)
         self.fail_generate_when: Callable[[str], bool] = lambda prompt: False
 
@@ -141,6 +143,9 @@ class FakeEngine:
         self.free_when_idle.discard(context_id)
         del self.contexts[context_id]
         self.log.append((time.monotonic(), "free", context_id, 0))
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        self.leases.append(req)
 
     async def stats(self) -> EngineStats:
         used = self._num_used_blocks()

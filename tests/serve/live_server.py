@@ -26,6 +26,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
 )
 from parrot.protocol.sampling import SamplingParams
@@ -62,6 +63,9 @@ class RecordingEngine:
 
     async def stats(self) -> EngineStats:
         return await self.engine.stats()
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        await self.engine.renew_lease(req)
 
     def first(self, op: str, context_suffix: str) -> float:
         return next(t for t, o, c, _ in self.log if o == op and c.endswith(context_suffix))

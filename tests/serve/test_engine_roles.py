@@ -10,7 +10,7 @@ import httpx
 import pytest
 from engine_farm import farm
 from fake_engine import FakeEngine
-from live_server import live_server
+from live_server import live_server, serve_app
 from manager_harness import new_session, run_manager
 
 from parrot.backends.http_engine import HttpEngineClient
@@ -19,6 +19,7 @@ from parrot.engine.server.app import create_engine_app
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
+from parrot.serve import create_app, create_manager
 from parrot.serve.config import ManagerConfig
 from parrot.serve.http.engines import check_engine_url
 from parrot.serve.manager import Manager
@@ -156,3 +157,35 @@ def test_an_engine_with_a_secret_answers_only_its_manager(tiny_engine: AsyncEngi
         with pytest.raises(ParrotError) as info:
             asyncio.run(stats(None))
         assert [info.value.status, info.value.field] == [401, "authorization"]
+
+
+def test_an_operator_sees_every_session_and_a_tenant_its_own(tiny_model_folder: Path) -> None:
+    config = ManagerConfig(api_keys=("alice", "bob"), operator_keys=("ops",))
+    manager = create_manager([FakeEngine(tiny_model_folder)], config=config)
+    with serve_app(create_app(manager)) as (url, _), httpx.Client(base_url=url) as http:
+
+        def auth(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}"}
+
+        alice = http.post("/v1/sessions", headers=auth("alice")).json()
+        bob = http.post("/v1/sessions", headers=auth("bob")).json()
+
+        def listed(key: str) -> list[str]:
+            resp = http.get("/v1/sessions", headers=auth(key))
+            assert resp.status_code == 200, resp.text
+            return sorted(s["session_id"] for s in resp.json()["sessions"])
+
+        assert listed("ops") == sorted([alice["session_id"], bob["session_id"]])
+        assert listed("alice") == [alice["session_id"]]
+        assert http.get("/v1/sessions", headers=auth("mallory")).status_code == 401
+        # The status of any session: the operator key, or that session's own token; not another tenant's key.
+        assert http.get(f"/v1/sessions/{bob['session_id']}", headers=auth("ops")).status_code == 200
+        assert http.get(f"/v1/sessions/{bob['session_id']}", headers=auth(bob["token"])).status_code == 200
+        denied = http.get(f"/v1/sessions/{bob['session_id']}", headers=auth("alice"))
+        assert [denied.status_code, denied.json()["error"]["field"]] == [403, "authorization"]
+        assert http.get(f"/v1/sessions/{bob['session_id']}", headers=auth(alice["token"])).status_code == 403
+        # An operator key reads a status; it does not act as the session (submit needs its token).
+        submit = http.post(
+            f"/v1/sessions/{bob['session_id']}/calls", json={"template": "x{{output:o}}"}, headers=auth("ops")
+        )
+        assert submit.status_code == 401

@@ -43,3 +43,21 @@ def test_the_engines_document_and_error_bodies(tiny_engine: AsyncEngine) -> None
         bad = http.post("/v1/engine/fill", json={"context_id": "", "token_ids": [1]})
         assert bad.status_code == 400
         ErrorResponse.model_validate(bad.json())
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for method, path, allowed in [("PATCH", "/v1/sessions", "POST"), ("DELETE", "/v1/models", "GET")]:
+            resp = http.request(method, path)
+            assert [resp.status_code, resp.headers.get("allow")] == [405, allowed]
+            assert ErrorResponse.model_validate(resp.json()).error.status == 405
+
+
+def test_request_bodies_take_strict_types(server: LiveServer) -> None:
+    """`true` is not 1 and "5" is not 5: the document's types are the ones the server takes."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        key = {"Authorization": "Bearer k"}
+        for field, value in [("max_tokens", True), ("max_tokens", "5"), ("temperature", False)]:
+            body = {"model": "tiny", "prompt": "x", field: value}
+            resp = http.post("/v1/completions", json=body, headers=key)
+            assert [resp.status_code, resp.json()["error"]["field"]] == [400, field]

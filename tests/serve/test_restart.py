@@ -132,3 +132,25 @@ def test_a_call_past_its_deadline_fails_with_504_and_stops(tiny_model_folder: Pa
             await manager.stop()
 
     asyncio.run(main())
+
+
+def test_the_manager_holds_its_runs_contexts_on_a_renewed_lease(tiny_model_folder: Path) -> None:
+    engine = FakeEngine(tiny_model_folder, responder=prompt_length)
+    config = ManagerConfig(min_prefix_tokens=8, heartbeat_interval_s=0.02, context_lease_s=0.2)
+
+    async def main() -> None:
+        manager = create_manager([engine], config=config)
+        await manager.start()
+        try:
+            await one_call(manager, "Why?")
+            await asyncio.sleep(0.3)
+        finally:
+            await manager.stop()
+        run = manager.run_id
+        assert engine.leases[0].prefixes == [f"s-{run}-", f"pfx-{run}-"]
+        assert len(engine.leases) >= 3  # renewed every quarter of the lease while the manager lives
+        # Every context this run created is named by its lease.
+        created = {c for _, op, c, _ in engine.log if op in ("fill", "generate")}
+        assert created and all(c.startswith((f"s-{run}-", f"pfx-{run}-")) for c in created)
+
+    asyncio.run(main())

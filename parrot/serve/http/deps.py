@@ -25,3 +25,10 @@ def get_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Ses
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_inspected_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
+    return manager.sessions.inspect(token, session_id)
+
+
+InspectedSessionDep = Annotated[Session, Depends(get_inspected_session)]

@@ -22,6 +22,7 @@ from parrot.protocol.public_api import (
     ErrorBody,
     ErrorResponse,
     SessionCreated,
+    SessionList,
     SessionStatus,
     SetVariableRequest,
     StreamChunk,
@@ -32,7 +33,8 @@ from parrot.protocol.public_api import (
     VariableSpec,
     VariableValue,
 )
-from parrot.serve.http.deps import ManagerDep, SessionDep
+from parrot.serve.http.deps import InspectedSessionDep, ManagerDep, SessionDep
+from parrot.serve.runtime.status import session_summary
 from parrot.web.edge import BearerToken, unless_disconnected
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -58,8 +60,15 @@ async def delete_session(session: SessionDep, manager: ManagerDep) -> Response:
     return Response(status_code=204)
 
 
+@router.get("", response_model=SessionList)
+async def list_sessions(api_key: BearerToken, manager: ManagerDep) -> SessionList:
+    """The sessions the key may see: an operator key, every tenant's; a tenant key, its own."""
+    return SessionList(sessions=[session_summary(s) for s in manager.sessions.visible_to(api_key)])
+
+
 @router.get("/{session_id}", response_model=SessionStatus)
-async def session_status(session: SessionDep, manager: ManagerDep) -> SessionStatus:
+async def session_status(session: InspectedSessionDep, manager: ManagerDep) -> SessionStatus:
+    """The session's status, with its token (or, for any session, an operator key)."""
     return manager.status(session)
 
 
@@ -73,6 +82,14 @@ async def submit(req: SubmitRequest, session: SessionDep, manager: ManagerDep) -
 async def submit_call(spec: CallSpec, session: SessionDep, manager: ManagerDep) -> CallInfo:
     """Submit one semantic call; returns its output variable ids at once."""
     return manager.submit_call(session, spec)
+
+
+@router.delete("/{session_id}/calls/{call_id}", status_code=204)
+async def cancel_call(call_id: str, session: SessionDep, manager: ManagerDep) -> Response:
+    """Cancel an unfinished call: its outputs fail with 410 (their consumers with 424), its engine
+    work stops and its context is freed. 409 if it has finished."""
+    manager.cancel_call(session, call_id)
+    return Response(status_code=204)
 
 
 @router.post("/{session_id}/variables", status_code=201, response_model=VariableInfo)

@@ -20,6 +20,12 @@ from parrot.serve.runtime.session import Session
 from parrot.serve.runtime.variable import Variable
 
 
+def batch_chars(var_specs: Sequence[VariableSpec], call_specs: Sequence[CallSpec]) -> int:
+    """The text a batch carries: its templates and values, in characters."""
+    values = sum(len(v.value or "") for v in var_specs)
+    return values + sum(len(c.template) + sum(len(b.value or "") for b in c.bindings.values()) for c in call_specs)
+
+
 def stage_batch(
     session: Session,
     var_specs: Sequence[VariableSpec],
@@ -44,6 +50,8 @@ def stage_batch(
             status=413,
             field="calls",
         )
+    staged.num_chars = batch_chars(var_specs, [spec for spec, _, _ in calls])
+    session.check_chars(staged.num_chars, config.max_chars_per_session, "calls" if calls else "variables")
     variables = collections.ChainMap({v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables)
     return staged, variables
 
@@ -63,7 +71,8 @@ def tokenize_batch(
         if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
             call.prompt_token_ids = list(prompt_token_ids)
         field = f"{prefix}[{j}].template" if prefix else "template"
-        check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        num_known = check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
+        call.num_tokens = num_known + sum(s.max_tokens for s in call.sampling.values())
         if message_prefixes is not None:  # a plain request: one text piece
             prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
             prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []

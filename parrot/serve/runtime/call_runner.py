@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -61,6 +62,8 @@ class RunRecord(Protocol):
     num_cached_tokens: int
     num_early_filled_tokens: int
     num_generated_tokens: int
+    first_token_at: float | None
+    prefix_source: str | None
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
     output_tokens: dict[str, list[tuple[int, float | None]]]
@@ -177,6 +180,8 @@ class CallRunner:
                 # Reused by our fork: what other calls computed, and what our own early fill did.
                 others, own_early = self.lease.reuse(self.context_id)
                 self.record.num_cached_tokens = others
+                kinds = [p.kind for p in points if p.num_tokens == self.lease.entry.num_tokens]
+                self.record.prefix_source = kinds[0].value if kinds else None
                 self.record.num_early_filled_tokens += own_early
             if early and result is not None:
                 self.record.num_early_filled_tokens += result.num_filled_tokens
@@ -279,6 +284,8 @@ class CallRunner:
                         generated.append(event.token_id)
                     streamed.append((event.token_id, event.logprob))
                     self.record.num_generated_tokens += 1
+                    if self.record.first_token_at is None:
+                        self.record.first_token_at = time.monotonic()
                 if event.text:
                     var.append(event.text)
                 if event.finish_reason is not None:

@@ -54,6 +54,8 @@ class CallNode:
         # Plain requests sent as token ids: the one text piece's tokens, filled as given (never
         # re-tokenized). Set by the manager between stage and commit, fixed after.
         self.prompt_token_ids: list[int] | None = None
+        # Its prompt tokens known at submit plus its outputs' max_tokens (the tenant's tokens in flight).
+        self.num_tokens = 0
         # A cache (render.encode_run): (id(tokenizer), start) -> (stop, the rendered pieces[start:stop]
         # tokenized). Values never change once set, so an entry stays valid; the runner clears it.
         self.encodings: dict[tuple[int, int], tuple[int, Encoded]] = {}
@@ -73,6 +75,7 @@ class StagedBatch:
     variables: list[Variable] = field(default_factory=list)  # created by the batch's variables list
     inline_variables: list[Variable] = field(default_factory=list)  # inline values and unbound outputs
     calls: list[CallNode] = field(default_factory=list)
+    num_chars: int = 0  # the text it stores (templates, values): counted against the session's limit
 
 
 class SessionGraph:

@@ -7,7 +7,8 @@ prefixes are evicted when free KV blocks run low, contexts.py). An engine silent
 `engine_dead_after_s` is declared dead: it is never scheduled again, and `on_dead` drops its cached
 prefixes and re-dispatches its calls. A call that finds its engine unreachable asks for a probe at
 once (`suspect`): the engine gets no new work until it answers, and one that refuses the
-connection is dead without waiting the interval.
+connection is dead without waiting the interval. Each answer also renews, every quarter of its
+ttl, the lease under which the engine holds this run's contexts (a dead manager's are freed).
 
 The manager pulls heartbeats (engines need not know the manager's address); an engine registers by
 URL through the manager's API or is given at startup.
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
+from parrot.protocol.engine_api import LeaseRequest
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
@@ -36,11 +39,14 @@ class HealthMonitor:
         config: ManagerConfig,
         on_dead: Callable[[EngineHandle], None],
         on_stats: Callable[[EngineHandle], None] = lambda handle: None,
+        lease: LeaseRequest | None = None,
     ) -> None:
         self.pool = pool
         self.config = config
         self.on_dead = on_dead
         self.on_stats = on_stats
+        self.lease = lease  # renewed on every live engine each quarter of its ttl
+        self._lease_renewed: dict[str, float] = {}  # engine_id -> when
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[bool]] = {}
 
@@ -98,11 +104,25 @@ class HealthMonitor:
         handle.last_heartbeat = time.monotonic()
         handle.suspected = False
         self.calibrate(handle)
+        await self._renew_lease(handle)
         try:
             self.on_stats(handle)
         except Exception:  # a bug in eviction must not kill the heartbeat
             log.exception("handling the stats of engine %s failed", handle.engine_id)
         return True
+
+    async def _renew_lease(self, handle: EngineHandle) -> None:
+        if self.lease is None:
+            return
+        now = time.monotonic()
+        if now - self._lease_renewed.get(handle.engine_id, -math.inf) < self.lease.ttl_s / 4:
+            return
+        try:
+            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+                await handle.client.renew_lease(self.lease)
+            self._lease_renewed[handle.engine_id] = now
+        except (ParrotError, TimeoutError, OSError) as e:  # the next heartbeat tries again
+            log.warning("renewing the context lease on engine %s failed: %s", handle.engine_id, e)
 
     def declare_dead(self, handle: EngineHandle, why: str) -> None:
         if not handle.alive:

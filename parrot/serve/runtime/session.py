@@ -13,11 +13,13 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.graph import SessionGraph
+from parrot.serve.runtime.rate import RateLimiter
 
 _NUM_TOMBSTONES = 10_000
 
@@ -45,11 +47,28 @@ class Session:
         self.last_active = time.monotonic()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
+        self.num_chars = 0  # text stored: templates and input values (ManagerConfig.max_chars_per_session)
 
     @property
     def num_open_calls(self) -> int:
         """Its calls not finished yet (waiting for inputs or an engine, or running)."""
         return sum(r.state is CallState.WAITING or r.state is CallState.RUNNING for r in self.runs.values())
+
+    @property
+    def num_tokens_in_flight(self) -> int:
+        """Prompt tokens (known at submit) and max output tokens of its unfinished calls."""
+        calls = self.graph.calls
+        open_ = (CallState.WAITING, CallState.RUNNING)
+        return sum(calls[call_id].num_tokens for call_id, r in self.runs.items() if r.state in open_)
+
+    def check_chars(self, num_chars: int, limit: int, field: str) -> None:
+        """413 naming `field` if storing `num_chars` more characters of text would pass `limit`."""
+        if self.num_chars + num_chars > limit:
+            raise ParrotError(
+                f"the session would store {self.num_chars + num_chars} characters of text; the limit is {limit}",
+                status=413,
+                field=field,
+            )
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -66,6 +85,7 @@ class SessionRegistry:
         self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
+        self.rates = RateLimiter(config.max_requests_per_s_per_tenant, config.request_burst_per_tenant)
 
     def tenant_of(self, api_key: str | None) -> str:
         """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
@@ -74,20 +94,67 @@ class SessionRegistry:
         config = self.config
         if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
-        return "tenant-" + _hash(api_key)[:16]
+        tenant = "tenant-" + _hash(api_key)[:16]
+        self.rates.charge(tenant)
+        return tenant
 
     def of_tenant(self, tenant: str) -> set[Session]:
         """The tenant's open sessions."""
         return self._by_tenant.get(tenant, set())
 
+    def is_operator(self, api_key: str) -> bool:
+        return self.config.open_access or _key_in(api_key, self.config.operator_keys)
+
     def require_operator(self, api_key: str | None) -> None:
         """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
         self.tenant_of(api_key)
         assert api_key is not None
-        if not self.config.open_access and not _key_in(api_key, self.config.operator_keys):
+        if not self.is_operator(api_key):
             raise ParrotError(
                 "this needs an operator key (ManagerConfig.operator_keys)", status=403, field="authorization"
             )
+
+    def check_tenant_load(self, tenant: str, num_calls: int = 0, num_tokens: int = 0) -> None:
+        """429 (retry in 1 s) if `num_calls` more unfinished calls, or `num_tokens` more tokens in
+        flight, would pass the tenant's limit."""
+        sessions = self.of_tenant(tenant)
+        checks: list[tuple[str, int, int, Callable[[Session], int]]] = [
+            ("unfinished calls", num_calls, self.config.max_open_calls_per_tenant, lambda s: s.num_open_calls),
+            (
+                "tokens in flight (prompts and max_tokens of unfinished calls)",
+                num_tokens,
+                self.config.max_tokens_in_flight_per_tenant,
+                lambda s: s.num_tokens_in_flight,
+            ),
+        ]
+        for what, num_new, limit, held in checks:
+            if num_new:
+                num_held = sum(held(s) for s in sessions)
+                if num_held + num_new > limit:
+                    raise ParrotError(
+                        f"this API key has {num_held} {what}; {num_new} more would pass its limit of {limit}",
+                        status=429,
+                        field="calls",
+                        retry_after_s=1,
+                    )
+
+    def visible_to(self, api_key: str | None) -> list[Session]:
+        """The sessions a key may see: an operator's, every session; a tenant's, its own."""
+        tenant = self.tenant_of(api_key)
+        assert api_key is not None
+        if self.is_operator(api_key):
+            return list(self.sessions.values())
+        return list(self.of_tenant(tenant))
+
+    def inspect(self, token: str | None, session_id: str) -> Session:
+        """For reading a session's status: its own token, or an operator key for any session."""
+        if token and not token.startswith("pst-"):
+            self.require_operator(token)
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+            return session
+        return self.authenticate(token, session_id)
 
     def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
         if len(self.sessions) >= self.config.max_sessions:
@@ -97,7 +164,7 @@ class SessionRegistry:
             raise ParrotError(
                 f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
             )
-        session_id = "s-" + secrets.token_hex(8)
+        session_id = f"s-{self.run_id}-{secrets.token_hex(8)}"  # its contexts' ids start with it
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
         self.sessions[session_id] = session
@@ -131,6 +198,7 @@ class SessionRegistry:
             if session_id in self.sessions:
                 raise ParrotError("this token belongs to another session", status=403, field="session_id")
             raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+        self.rates.charge(session.tenant)
         session.touch()
         return session
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from parrot.protocol.public_api import CallStatus, EngineUsage, SessionStatus
+from parrot.protocol.public_api import CallStatus, EngineUsage, SessionStatus, SessionSummary
 from parrot.serve.runtime.call_run import CallState
 from parrot.serve.runtime.session import Session
 
@@ -55,4 +55,17 @@ def session_status(session: Session) -> SessionStatus:
         num_calls_failed=counts[CallState.FAILED],
         idle_timeout_s=session.idle_timeout_s,
         idle_s=session.idle_s(),
+    )
+
+
+def session_summary(session: Session) -> SessionSummary:
+    """One line of `GET /v1/sessions`."""
+    return SessionSummary(
+        session_id=session.session_id,
+        tenant=session.tenant,
+        num_variables=len(session.graph.variables),
+        num_calls=len(session.graph.calls),
+        num_calls_open=session.num_open_calls,
+        num_chars=session.num_chars,
+        idle_s=round(session.idle_s(), 3),
     )
