@@ -28,7 +28,7 @@ from typing import Any
 from parrot.engine.config import EngineConfig
 from parrot.engine.leases import LeaseKeeper
 from parrot.engine.llm_engine import LLMEngine
-from parrot.engine.sched.job import JobEvent, StepEvents
+from parrot.engine.sched.job import JobEvent, StepEvents, deliver
 from parrot.protocol.engine_api import (
     EngineStats,
     FillRequest,
@@ -62,7 +62,7 @@ def hand_off(events: StepEvents) -> None:
         if isinstance(sink, Channel):
             by_loop.setdefault(sink.loop, []).append((sink.queue, event))
         else:  # an engine-internal sink, or a blocking client's, sharing the engine
-            sink(event)
+            deliver([(sink, event)])
     for loop, items in by_loop.items():
         _wake(loop, items)
 
