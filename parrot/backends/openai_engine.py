@@ -77,7 +77,7 @@ from parrot.protocol.engine_api import (
     check_context_ids,
 )
 from parrot.protocol.engine_client import EngineUnavailable
-from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.protocol.errors import ParrotError, not_found
 from parrot.text import Tokenizer, cut_to_text
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
@@ -88,6 +88,7 @@ class _Context:
     token_ids: list[int]  # the parent's (copied at the fork), then its own
     parent_id: str | None = None
     generating: bool = False
+    free_when_idle: bool = False  # freed while generating: dropped when the generation ends
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while not generating
 
     def __post_init__(self) -> None:
@@ -268,6 +269,8 @@ class OpenAIEngineClient:
             ctx.generating = False
             ctx.idle.set()
             self._num_running -= 1
+            if ctx.free_when_idle:
+                self._drop(req.context_id)
 
     def _settle_output(self, last: TokenEvent, ctx: _Context, start: int, text: str) -> TokenEvent:
         """The last event, saying what the context holds: on a stop-string finish the upstream
@@ -331,11 +334,13 @@ class OpenAIEngineClient:
         """Nothing to hold: the contexts live here, in the manager's process, and die with it."""
 
     async def free_context(self, req: FreeContextRequest) -> None:
+        """As the builtin engine: a context that is generating is freed when its generation ends."""
         ctx = self._contexts.get(req.context_id)
-        if ctx is None:
+        if ctx is None or ctx.free_when_idle:
             raise not_found("context", req.context_id, "context_id")
         if ctx.generating:
-            raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
+            ctx.free_when_idle = True
+            return
         self._drop(req.context_id)
 
     def context_info(self, context_id: str) -> ContextInfo:

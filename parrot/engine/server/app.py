@@ -77,7 +77,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/engine/free_context", responses=_CONTEXT)
+    @app.post("/v1/engine/free_context", responses={**_ALWAYS, 404: _ERROR})  # busy: freed when idle
     async def free_context(req: FreeContextRequest) -> dict[str, str]:
         await engine.free_context(req)
         return {}

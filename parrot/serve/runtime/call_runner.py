@@ -42,7 +42,7 @@ from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
+from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
@@ -51,8 +51,6 @@ from parrot.serve.runtime.variable import Variable
 log = logging.getLogger(__name__)
 # One streamed token: its id, its logprob, its top alternatives (when the sampling asks).
 StreamedToken = tuple[int, float | None, list[TopLogprob] | None]
-
-_REFILL_FREE_TIMEOUT_S = 30.0  # freeing our own context before a refill: no generation runs on it
 
 
 class RunRecord(Protocol):
@@ -104,9 +102,9 @@ class CallRunner:
         # held here with what to record once the engine took it (sent as a Fill if another comes).
         self.pending: tuple[FillRequest, Callable[[FillResult | None], None]] | None = None
 
-    async def rebind(self, engine: EngineHandle, timeout_s: float) -> None:
+    async def rebind(self, engine: EngineHandle) -> None:
         """Run on another engine than the early fill's: what was filled there is given up."""
-        await self.free(timeout_s)
+        await self.free()
         self.num_filled_pieces = 0
         self.engine = engine
         self.engine_lost = False
@@ -127,7 +125,9 @@ class CallRunner:
             # What an earlier fill put in our context is not a prefix of the prompt's tokens (the
             # stable rule should prevent it): never generate from wrong tokens, start the context over.
             log.warning("call %s: refilling its prompt: the tokens filled early changed", self.call.call_id)
-            await free_with_retry(self.engine.client, self.context_id, _REFILL_FREE_TIMEOUT_S)
+            # Our fills have ended (awaited) and no generation ran on it: the engine frees it at
+            # once, so the same id can be filled again.
+            await free_context(self.engine.client, self.context_id)
             self.has_context = False
             self.record.num_prompt_tokens -= len(self.prompt_ids)  # counted again when refilled
             self.prompt_ids = []
@@ -327,8 +327,8 @@ class CallRunner:
             self.prefixes.release(self.lease)
         self.lease = None
 
-    async def free(self, timeout_s: float) -> None:
-        """Release the context (retried while the engine finishes work queued on it) and the lease."""
+    async def free(self) -> None:
+        """Release the context (the engine frees it when the work queued on it ends) and the lease."""
         self._drop_lease()
         self.call.encodings.clear()
         self.prompt_ids = []
@@ -336,5 +336,5 @@ class CallRunner:
         if not self.has_context:
             return
         if self.engine.alive:
-            await free_with_retry(self.engine.client, self.context_id, timeout_s)
+            await free_context(self.engine.client, self.context_id)
         self.has_context = False

@@ -78,25 +78,17 @@ def prompt_points(
     return token_ids, prefix_points(call.model, token_ids, boundaries)
 
 
-async def free_with_retry(client: EngineClient, context_id: str, timeout_s: float) -> None:
-    """Free a context, retrying with backoff while the engine finishes work queued on it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    delay_s = 0.005
-    while True:
-        try:
-            await client.free_context(FreeContextRequest(context_id=context_id))
-            return
-        except EngineUnavailable:
-            return  # a dead engine holds nothing
-        except ParrotError as e:
-            if e.status == 404:  # never created (its fill was refused)
-                return
-            if e.status != 409 or loop.time() > deadline:
-                log.warning("context %s not freed: %s", context_id, e.message)
-                return
-        await asyncio.sleep(delay_s)
-        delay_s = min(delay_s * 2, 0.25)
+async def free_context(client: EngineClient, context_id: str) -> None:
+    """Free a context with one request: an engine frees a context that still has work queued
+    (a generation whose reader went away, a fork waiting to read it) when that work ends, so
+    there is nothing to wait for or retry."""
+    try:
+        await client.free_context(FreeContextRequest(context_id=context_id))
+    except EngineUnavailable:
+        return  # a dead engine holds nothing
+    except ParrotError as e:
+        if e.status != 404:  # 404: never created (its fill was refused)
+            log.warning("context %s not freed: %s", context_id, e.message)
 
 
 class PrefixContexts:
@@ -239,8 +231,6 @@ class PrefixContexts:
     def _free(self, engine: EngineHandle, entry: PrefixEntry) -> None:
         if not engine.alive:
             return
-        task = asyncio.get_running_loop().create_task(
-            free_with_retry(engine.client, entry.context_id, self.config.free_timeout_s)
-        )
+        task = asyncio.get_running_loop().create_task(free_context(engine.client, entry.context_id))
         self._frees.add(task)
         task.add_done_callback(self._frees.discard)

@@ -62,7 +62,7 @@ class GraphExecutor:
         self._runs: dict[CallKey, CallRun] = {}  # the table (module docstring)
         self._sessions: dict[str, Session] = {}  # the sessions of the table's calls
         self._deduce: dict[str, Session] = {}  # sessions whose objectives need deducing again
-        self._frees = ContextFrees(config.free_timeout_s)  # context frees in flight
+        self._frees = ContextFrees()  # context frees in flight
         self._views = CallViews(pool, config, None if prefixes is None else prefixes.cache)
         self._order = itertools.count()
         self._wake = asyncio.Event()
@@ -130,7 +130,7 @@ class GraphExecutor:
 
     def _start_over(self, run: CallRun) -> None:
         """A waiting call's early work is lost: forget its runner; it may go anywhere now."""
-        self._retire(run)
+        self._frees.retire(run)
         run.unplace()
         self._wake.set()
 
@@ -149,7 +149,7 @@ class GraphExecutor:
         await asyncio.gather(*tasks, return_exceptions=True)
         # Early-filled calls that never ran still hold a context.
         for run in runs:
-            self._retire(run)
+            self._frees.retire(run)
         self._wake.set()
 
     def num_in_flight(self) -> int:
@@ -331,7 +331,7 @@ class GraphExecutor:
         error: ParrotError | None = None
         try:
             if runner.engine is not engine:  # the early fill went elsewhere
-                await runner.rebind(engine, self.config.free_timeout_s)
+                await runner.rebind(engine)
             if runner.engine_lost:
                 raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
             async with asyncio.timeout(self.config.call_deadline_s):  # in this task: no extra hop
@@ -362,7 +362,7 @@ class GraphExecutor:
         if error is not None:
             error = ParrotError(f"call {call.call_id} failed: {error.message}", status=error.status, field=error.field)
         self._finish(session, run, error)
-        self._retire(run)
+        self._frees.retire(run)
 
     def _requeue(self, session: Session, key: CallKey, run: CallRun, runner: CallRunner) -> bool:
         """Put a call whose engine stopped answering back to waiting; False if out of attempts."""
@@ -374,7 +374,7 @@ class GraphExecutor:
             return False  # its session was deleted meanwhile
         log.warning("engine %s lost call %s; dispatching it again", runner.engine.engine_id, runner.context_id)
         self.on_engine_error(runner.engine.engine_id)
-        self._retire(run)
+        self._frees.retire(run)
         self._uncount(run, runner)
         run.requeue()
         self._wake.set()
@@ -394,8 +394,5 @@ class GraphExecutor:
             self.variables_set(session, failed)
         self._wake.set()
 
-    def _retire(self, run: CallRun) -> None:
-        self._frees.retire(run)
-
     async def _retire_after(self, run: CallRun) -> None:
-        self._retire(run)
+        self._frees.retire(run)
