@@ -3,6 +3,8 @@
     python -m benchmarks.run --mode quick               # `make bench`: under 15 minutes on 2 cores
     python -m benchmarks.run --mode full --with-vllm    # every sweep, plus real vLLM (~3 min to start)
     python -m benchmarks.run --only chain_summary map_reduce
+    python -m benchmarks.run --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
+        --repeats 3 --budget-min 60 --no-ablations    # Parrot vs request-level, on each engine: medians of 3
 
 Configurations, all serving the same model with the same dtype, each its own engine in this process:
 - Parrot: the SDK version of each app (the whole DAG submitted at once) on the manager; the engine
@@ -245,11 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=sorted(SCALES), default="quick")
     parser.add_argument("--with-vllm", action="store_true", help="also run real vLLM (d); ~3 min to start")
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument("--configs", nargs="*", help="configuration keys to run (default: all; e.g. parrot_vllm d)")
     parser.add_argument("--no-ablations", action="store_true")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the best counts")
+    parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the median counts")
     parser.add_argument("--budget-min", type=float, help="no repeat starts that would end after this many minutes")
     parser.add_argument("--rtt-scale", type=float, default=1.0, help="multiply every round trip (0: no network)")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -300,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             servers["parrot_vllm"] = stack.enter_context(running_upstream(over_vllm))
         else:
             plan.unavailable.append("(d) real vLLM and Parrot+vLLM: not requested (pass --with-vllm)")
+        if args.configs:
+            configs = [c for c in configs if c.key in args.configs]
         for spec in plan.specs:
             if spec.name not in servers and any(c.server == spec.name for c in configs):
                 servers[spec.name] = stack.enter_context(running(spec))
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         if vllm is not None:
             clients["vllm"] = openai_factory(vllm.base_url, vllm.model)
             client_kind["vllm"] = "openai /v1/completions"
-        if not plan.prefix_field:
+        if not plan.prefix_field and "tput" in servers:
             if cached_prompt_tokens(servers["tput"].url, model, "Repeat after me. " * 64):
                 plan.unavailable.append("(c): the OpenAI routes always reuse prefixes; (b) has it already")
             else:
