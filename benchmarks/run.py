@@ -128,6 +128,8 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
                 "prefill_tokens": monitor.num_prefill_tokens,
                 "peak_running": monitor.peak_running,
             }
+            if monitor.latency_caps:  # the manager's latency cap for the engine, lowest and last
+                record["latency_cap"] = [min(monitor.latency_caps), monitor.latency_caps[-1]]
             if server.kv_reported:
                 record["peak_kv_tokens"] = monitor.peak_kv_tokens
         elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
