@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=sorted(SCALES), default="quick")
     parser.add_argument("--with-vllm", action="store_true", help="also run real vLLM (d); ~3 min to start")
+    parser.add_argument("--vllm-startup-s", type=float, default=None, help="how long vLLM may take to start")
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--configs", nargs="*", help="configuration keys to run (default: all; e.g. parrot_vllm d)")
     parser.add_argument("--no-ablations", action="store_true")
@@ -275,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         vllm = None
         if args.with_vllm:
-            from benchmarks.peers.vllm_server import vllm_server
+            from benchmarks.peers.vllm_server import STARTUP_TIMEOUT_S, vllm_server
 
             print("starting vLLM (minutes) ...", flush=True)
-            vllm = stack.enter_context(vllm_server(dtype=args.dtype))
+            startup_s = args.vllm_startup_s or STARTUP_TIMEOUT_S
+            vllm = stack.enter_context(vllm_server(dtype=args.dtype, startup_timeout_s=startup_s))
         # Baseline (a) first: its engine's step profile sets Parrot's latency target.
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode])
         lat = stack.enter_context(running(server_spec(plan, "lat")))
