@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The dashboard's browser test and DAG layout need Debian's chromium and graphviz (`dot`).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps demo test lint data bench bench-full bench-engine bench-kernels bench-attention serve clean
+.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -42,6 +42,13 @@ data: install
 
 bench: data
 	$(BIN)/python -m benchmarks.run --mode quick
+
+# Parrot against request-level serving on each engine (builtin, and vLLM through the adapter):
+# the medians of 3 interleaved repeats (~15-20 min with vLLM's start).
+bench-vllm: data
+	bash scripts/setup_vllm.sh
+	$(BIN)/python -m benchmarks.run --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
+		--repeats 3 --budget-min 60 --no-ablations --out bench_results/apps_vllm
 
 bench-full: data
 	bash scripts/setup_vllm.sh

@@ -2,7 +2,8 @@
 
 Pure functions, no I/O: the `/v1/completions` request body for a context and its sampling
 settings, one streamed chunk turned into engine-API `TokenEvent`s, an upstream error body turned
-into a `ParrotError`. Unit-testable on hand-written chunks (vLLM's and Parrot's shapes).
+into a `ParrotError`, a call's objective and priority as vLLM's request `priority`. Unit-testable
+on hand-written chunks (vLLM's and Parrot's shapes).
 """
 
 from __future__ import annotations
@@ -17,23 +18,40 @@ import httpx
 
 from parrot.protocol.engine_api import TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 from parrot.protocol.openai_api import TOKEN_ID_PREFIX
 from parrot.protocol.sampling import SamplingParams
 
 # An upstream finish reason -> the engine API's; "stop" is split into "eos" / "stop" by the token.
 _FINISH = {"length": "length", "stop": "stop", "abort": "aborted"}
+# vLLM serves smaller `priority` values first; Parrot's priorities lie in [-1000, 1000], so every
+# latency-critical request (at most 1000) goes before every throughput one (at least 1001).
+THROUGHPUT_PRIORITY_BASE = 2001
+
+
+def upstream_priority(objective: Objective, priority: int) -> int:
+    """A call's objective and priority as vLLM's request priority (`--scheduling-policy priority`):
+    latency-critical work first, then the higher Parrot priority, as the builtin engine orders
+    them (it also ages waiting work into the front tier; vLLM does not, the manager's aging does)."""
+    return (0 if objective is Objective.LATENCY else THROUGHPUT_PRIORITY_BASE) - priority
 
 
 def completion_body(
-    model: str, token_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, ask_token_ids: bool
+    model: str,
+    token_ids: Sequence[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    ask_token_ids: bool,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
-    something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`),
-    so plain OpenAI servers see plain requests; `ask_token_ids` adds `logprobs` (0, or the
-    alternatives asked for) with `return_tokens_as_token_ids` (tokens as ids, vLLM). Every other
-    sampling setting is OpenAI's own (penalties, `logit_bias`). Raises ParrotError (400) for what
-    the upstream cannot be asked: alternatives reported by text only (no token ids to report them
-    with), a choice's score."""
+    something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`,
+    a non-zero `priority`: vLLM's default is 0, and it refuses any other value unless started with
+    `--scheduling-policy priority`), so plain OpenAI servers see plain requests; `ask_token_ids`
+    adds `logprobs` (0, or the alternatives asked for) with `return_tokens_as_token_ids` (tokens as
+    ids, vLLM). Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises
+    ParrotError (400) for what the upstream cannot be asked: alternatives reported by text only (no
+    token ids to report them with), a choice's score."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -75,6 +93,8 @@ def completion_body(
     if ask_token_ids:
         body["logprobs"] = sampling.top_logprobs
         body["return_tokens_as_token_ids"] = True
+    if priority:
+        body["priority"] = priority
     return body
 
 
@@ -97,6 +117,13 @@ def chunk_top_logprobs(choice: dict[str, Any], num_tokens: int) -> list[list[Top
         ]
         out.append(sorted(entries, key=lambda t: -t.logprob) or None)
     return out
+
+
+def refuses_priority(body: dict[str, Any], status: int, text: str) -> bool:
+    """An upstream that cannot take `priority`: vLLM without priority scheduling (400 "Got priority
+    ... but Priority scheduling is not enabled"), a server that forbids unknown fields (400/422
+    naming it)."""
+    return "priority" in body and status in (400, 422) and "priority" in text.lower()
 
 
 def chunk_token_ids(choice: dict[str, Any]) -> tuple[list[int], list[float | None]] | None:

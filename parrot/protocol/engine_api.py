@@ -188,6 +188,8 @@ class EngineStats(_Msg):
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.
+    # An adapter of a server that shows no steps (OpenAI-compatible) reports the median gap
+    # between a stream's tokens by the number of generations streaming at once (tpot_profile.py).
     step_ms_by_num_tokens: dict[int, float] = Field(default_factory=dict)
     # The builtin engine's native CPU kernels: the instruction sets they run on ("avx512_bf16",
     # "avx512_bf16+amx"), "off" (its config turned them off), or "unavailable: <reason>" (no C
