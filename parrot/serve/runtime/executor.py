@@ -23,7 +23,6 @@ import asyncio
 import functools
 import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from parrot.protocol.engine_client import EngineUnavailable
@@ -229,7 +228,7 @@ class GraphExecutor:
             run.slot = EngineSlot(engine, is_latency, runner)
             run.state = CallState.RUNNING
             run.engine_id = dispatch.engine_id
-            run.dispatched_at = time.monotonic()
+            run.dispatched_at = self.pool.clock.now()
             work = functools.partial(self._run, session, dispatch.key, run, runner, engine)
             self._chain(dispatch.key, run, work, counted=runner)
 
@@ -369,7 +368,7 @@ class GraphExecutor:
 
     def _finish(self, session: Session, run: CallRun, error: ParrotError | None) -> None:
         run.state = CallState.DONE if error is None else CallState.FAILED
-        run.finished_at = time.monotonic()
+        run.finished_at = self.pool.clock.now()
         if error is not None:
             failed = []
             for var_id in run.call.outputs.values():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from parrot.protocol.engine_client import EngineUnavailable
@@ -68,7 +67,7 @@ class HealthMonitor:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await self.pool.clock.sleep(self.config.heartbeat_interval_s)
             await asyncio.gather(*(self.probe(h) for h in self.pool.alive), return_exceptions=True)
 
     def suspect(self, engine_id: str) -> None:
@@ -90,12 +89,12 @@ class HealthMonitor:
                 stats = await handle.client.stats()
         except (ParrotError, TimeoutError, OSError) as e:
             refused = suspected and isinstance(e, EngineUnavailable)
-            silent_s = time.monotonic() - handle.last_heartbeat
+            silent_s = self.pool.clock.now() - handle.last_heartbeat
             if refused or silent_s >= self.config.engine_dead_after_s:
                 self.declare_dead(handle, f"{type(e).__name__}: {e}")
             return False
         handle.stats = stats
-        handle.last_heartbeat = time.monotonic()
+        handle.last_heartbeat = self.pool.clock.now()
         handle.suspected = False
         self.calibrate(handle)
         try:

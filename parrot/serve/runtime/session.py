@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections import OrderedDict
 
 from parrot.protocol.errors import ParrotError
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.graph import SessionGraph
@@ -35,14 +35,17 @@ def _hash(token: str) -> str:
 
 
 class Session:
-    def __init__(self, session_id: str, tenant: str, token_hash: str, idle_timeout_s: float) -> None:
+    def __init__(
+        self, session_id: str, tenant: str, token_hash: str, idle_timeout_s: float, clock: Clock = REAL_CLOCK
+    ) -> None:
+        self.clock = clock
         self.session_id = session_id
         self.tenant = tenant
         self.token_hash = token_hash
         self.idle_timeout_s = idle_timeout_s
         self.graph = SessionGraph()  # the calls' and variables' structure
         self.runs: dict[str, CallRun] = {}  # call_id -> the call's run state (call_run.py)
-        self.last_active = time.monotonic()
+        self.last_active = self.clock.now()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
 
@@ -52,15 +55,16 @@ class Session:
         return sum(r.state is CallState.WAITING or r.state is CallState.RUNNING for r in self.runs.values())
 
     def touch(self) -> None:
-        self.last_active = time.monotonic()
+        self.last_active = self.clock.now()
 
     def idle_s(self, now: float | None = None) -> float:
-        return 0.0 if self.num_waiting_gets else (now or time.monotonic()) - self.last_active
+        return 0.0 if self.num_waiting_gets else (self.clock.now() if now is None else now) - self.last_active
 
 
 class SessionRegistry:
-    def __init__(self, config: ManagerConfig, run_id: str = "") -> None:
+    def __init__(self, config: ManagerConfig, run_id: str = "", clock: Clock = REAL_CLOCK) -> None:
         self.config = config
+        self.clock = clock
         self.run_id = run_id  # in every token: an earlier run's token is told its session was lost
         self.sessions: dict[str, Session] = {}
         self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
@@ -99,7 +103,9 @@ class SessionRegistry:
             )
         session_id = "s-" + secrets.token_hex(8)
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
-        session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
+        session = Session(
+            session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s, self.clock
+        )
         self.sessions[session_id] = session
         self._by_tenant.setdefault(tenant, set()).add(session)
         self._by_token_hash[session.token_hash] = session
@@ -145,5 +151,5 @@ class SessionRegistry:
         return session
 
     def expired(self, now: float | None = None) -> list[Session]:
-        now = now or time.monotonic()
+        now = self.clock.now() if now is None else now
         return [s for s in self.sessions.values() if s.idle_s(now) > s.idle_timeout_s]

@@ -10,7 +10,6 @@ refreshed at every snapshot, since other calls create and evict cached prefixes 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping
 
 from parrot.serve.config import ManagerConfig
@@ -36,7 +35,7 @@ class CallViews:
         failed = failed_input(call, variables)
         ready = inputs_ready(call, variables)
         num_ready = num_ready_pieces(call, variables)
-        now = time.monotonic()
+        now = self.pool.clock.now()
         if ready and run.ready_since is None:
             run.ready_since = now
         points: tuple[PrefixPoint, ...] = ()
@@ -95,7 +94,7 @@ class CallViews:
             self.current(runs.values()),
             engines,
             self.config.early_fill,
-            now=time.monotonic(),
+            now=self.pool.clock.now(),
             aging_s=self.config.aging_s,
             group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
             app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
