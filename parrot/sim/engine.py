@@ -29,7 +29,7 @@ from parrot.protocol.engine_api import (
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.sim.cost import StepCostModel, StepShape
-from parrot.sim.kv import BlockTable, OutOfBlocks
+from parrot.sim.kv import BlockTable, OutOfBlocks, SimContext
 from parrot.sim.profiles import Setup
 from parrot.sim.scheduler import GEN_TOKEN_ID, GEN_TOKEN_TEXT, SchedulerConfig, SimJob, SimScheduler, StepPlan
 
@@ -42,7 +42,6 @@ class SimCounters:
     busy_s: float = 0.0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
-    num_reused_tokens: int = 0
     peak_blocks_used: int = 0
     num_errors: int = 0
 
@@ -77,7 +76,7 @@ class SimEngine:
 
     async def fill(self, req: FillRequest) -> FillResult:
         self._check_alive()
-        job = self._add_fill(req, target_all=False)
+        job = self._add_fill(req)
         if job is None:
             ctx = self.kv.contexts[req.context_id]
             return FillResult(context_id=req.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=0)
@@ -88,19 +87,18 @@ class SimEngine:
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
         self._check_alive()
         fill = req.fill_part()
-        if fill is not None:
-            self._create(fill)
-            req = req.generate_part()
-        else:
+        if fill is None:
             check_context_ids(self.kv.contexts, req.context_id, req.parent_context_id, must_exist=True)
-            if req.parent_context_id is not None:
-                self._fork(req.context_id, req.parent_context_id)
+            fill = FillRequest(context_id=req.context_id, token_ids=[], parent_context_id=req.parent_context_id,
+                               append=req.parent_context_id is None)  # fmt: skip
+        wait_for = self._create(fill)
+        req = req.generate_part()
         ctx = self.kv.contexts[req.context_id]
         max_tokens = req.sampling.max_tokens
         if ctx.num_tokens == 0:
             raise ParrotError("empty context: fill it first", field="context_id")
         self._check_fits(ctx.num_tokens + max_tokens, "sampling.max_tokens")
-        job = SimJob(next(self._ids), ctx, req.objective, req.priority, target=0, max_tokens=max_tokens)
+        job = SimJob(next(self._ids), ctx, req.objective, req.priority, 0, max_tokens, fork_from=wait_for)
         job.events = asyncio.Queue()
         self._enqueue(job)
         start = ctx.num_tokens
@@ -121,7 +119,7 @@ class SimEngine:
         ctx = self.kv.contexts.get(req.context_id)
         if ctx is None:
             raise not_found("context", req.context_id, "context_id")
-        if ctx.busy:
+        if self.scheduler.reads(req.context_id):
             raise conflict(f"context {req.context_id!r} has work in progress", "context_id")
         self.kv.free_context(req.context_id)
 
@@ -142,7 +140,7 @@ class SimEngine:
             num_steps=self.counters.num_steps,
             num_prefill_tokens=self.counters.num_prefill_tokens,
             num_decode_tokens=self.counters.num_decode_tokens,
-            num_reused_tokens=self.counters.num_reused_tokens,
+            num_reused_tokens=self.scheduler.num_reused_tokens,
             step_ms_by_num_tokens=dict(self._step_ms),
             native_kernels="none",
         )
@@ -165,32 +163,33 @@ class SimEngine:
         if -(-num_tokens // self.kv.block_size) > self.kv.num_blocks:
             raise ParrotError(f"{num_tokens} tokens can never fit in {self.kv.num_blocks} KV blocks", field=field)
 
-    def _fork(self, context_id: str, parent_id: str) -> None:
-        parent = self.kv.contexts[parent_id]
-        try:
-            ctx = self.kv.create(context_id, parent)
-        except OutOfBlocks:
-            ctx = self.kv.create(context_id)
-            ctx.num_tokens = parent.num_tokens
-        self.counters.num_reused_tokens += ctx.num_computed
-
-    def _create(self, req: FillRequest) -> None:
+    def _create(self, req: FillRequest) -> SimContext | None:
+        """Create, fork or extend the context; returns the parent a fork must wait for (it has
+        earlier jobs: the fork shares its KV once they are done), else None."""
         check_context_ids(self.kv.contexts, req.context_id, req.parent_context_id, req.append, not req.append)
+        wait_for = None
         if req.parent_context_id is not None:
-            self._fork(req.context_id, req.parent_context_id)
+            parent = self.kv.contexts[req.parent_context_id]
+            ctx = self.kv.create(req.context_id)
+            ctx.num_tokens = parent.num_tokens
+            if self.scheduler.reads(parent.context_id):
+                wait_for = parent
+            else:
+                self.scheduler.num_reused_tokens += self.kv.share(ctx, parent)
         elif not req.append:
             self.kv.create(req.context_id)
         ctx = self.kv.contexts[req.context_id]
         self._check_fits(ctx.num_tokens + len(req.token_ids), "token_ids")
         ctx.num_tokens += len(req.token_ids)
+        return wait_for
 
-    def _add_fill(self, req: FillRequest, target_all: bool) -> SimJob | None:
-        self._create(req)
+    def _add_fill(self, req: FillRequest) -> SimJob | None:
+        wait_for = self._create(req)
         ctx = self.kv.contexts[req.context_id]
-        target = ctx.num_tokens if target_all else ctx.num_tokens - 1  # the last token: the next request's
-        if ctx.num_computed >= target and not ctx.busy:
+        target = ctx.num_tokens - 1  # the last token: the next request's (a Generate or a fork's fill)
+        if wait_for is None and ctx.num_computed >= target and not self.scheduler.reads(ctx.context_id):
             return None
-        job = SimJob(next(self._ids), ctx, req.objective, req.priority, target=target)
+        job = SimJob(next(self._ids), ctx, req.objective, req.priority, target=target, fork_from=wait_for)
         job.done = asyncio.get_running_loop().create_future()
         self._enqueue(job)
         return job

@@ -65,28 +65,31 @@ class BlockTable:
 
     def create(self, context_id: str, parent: SimContext | None = None) -> SimContext:
         """A new context; a fork shares the parent's full computed blocks and copies a partial one."""
-        if parent is None:
-            ctx = SimContext(context_id, root_id=context_id)
-        else:
-            num_full = parent.num_computed // self.block_size
-            partial = parent.num_computed % self.block_size
-            if partial and not self.free:
-                raise OutOfBlocks(context_id)
-            ctx = SimContext(
-                context_id,
-                root_id=parent.root_id,
-                shared_len=num_full * self.block_size,
-                num_tokens=parent.num_tokens,
-                num_computed=parent.num_computed,
-                blocks=parent.blocks[:num_full],
-            )
-            for block in ctx.blocks:
-                self.refs[block] += 1
-            if partial:
-                ctx.blocks.append(self._take())
-                self.num_copies += 1
+        ctx = SimContext(context_id, root_id=context_id)
         self.contexts[context_id] = ctx
+        if parent is not None:
+            ctx.num_tokens = parent.num_tokens
+            self.share(ctx, parent)
         return ctx
+
+    def share(self, ctx: SimContext, parent: SimContext) -> int:
+        """Make the empty `ctx` a fork of `parent`'s computed KV: full blocks shared, a partly filled
+        last block copied (without a free block for the copy, the fork shares the full blocks
+        only). Returns the tokens of KV the fork took over."""
+        assert not ctx.blocks and ctx.num_computed == 0
+        num_full = parent.num_computed // self.block_size
+        partial = parent.num_computed % self.block_size
+        ctx.root_id = parent.root_id
+        ctx.shared_len = num_full * self.block_size
+        ctx.blocks = parent.blocks[:num_full]
+        for block in ctx.blocks:
+            self.refs[block] += 1
+        ctx.num_computed = ctx.shared_len
+        if partial and self.free:
+            ctx.blocks.append(self._take())
+            ctx.num_computed += partial
+            self.num_copies += 1
+        return ctx.num_computed
 
     def compute(self, ctx: SimContext, num_new: int) -> None:
         """Give `ctx` the blocks for `num_new` more computed tokens, then count them computed.

@@ -35,6 +35,8 @@ class SimJob:
     num_generated: int = 0
     num_computed_tokens: int = 0  # prefill tokens this job computed
     aborted: bool = False
+    admitted: bool = False  # its prefill got its blocks (scheduler._admit); False again when preempted
+    fork_from: SimContext | None = None  # a fork waiting for its parent's earlier jobs
     done: asyncio.Future[int] | None = None  # a fill's: resolved with its computed tokens
     events: asyncio.Queue[TokenEvent] | None = None  # a generation's stream
 
@@ -85,63 +87,104 @@ class SimScheduler:
         self.config = config
         self.jobs: list[SimJob] = []  # arrival order
         self.num_preemptions = 0
+        self.num_reused_tokens = 0  # KV tokens forks took over from their parents
+        self.watermark = max(1, kv.num_blocks // 100)  # free blocks admission leaves for decode growth
 
     def eligible(self) -> list[SimJob]:
-        """Jobs not waiting behind an earlier job on the same context."""
-        seen: set[str] = set()
+        """Jobs not waiting behind an earlier job on their context, or on the parent they fork."""
+        busy: set[str] = set()
         out = []
         for job in self.jobs:
-            if job.ctx.context_id not in seen:
+            blocked = job.ctx.context_id in busy or (job.fork_from is not None and job.fork_from.context_id in busy)
+            if not blocked and not job.aborted:
                 out.append(job)
-                seen.add(job.ctx.context_id)
+            busy.add(job.ctx.context_id)
         return out
 
-    def _fit(self, job: SimJob, num: int, decoding: list[SimJob]) -> int:
-        """Tokens of `num` that get blocks, reclaiming idle contexts, then (for a decode row)
-        preempting lower-ranked decoding jobs."""
-        kv = self.kv
-        need = kv.blocks_for(job.ctx, num)
-        if need > kv.num_free:
-            kv.reclaim_idle(need, keep={j.ctx.context_id for j in self.jobs})
-        while kv.blocks_for(job.ctx, num) > kv.num_free and num == 1 and job.decoding:
-            victims = [j for j in decoding if j is not job and j.ctx.blocks and j.rank() > job.rank()]
-            if not victims:
-                return 0
-            self.preempt(max(victims, key=SimJob.rank))
-        if kv.blocks_for(job.ctx, num) <= kv.num_free:
-            return num
-        room = kv.num_free * kv.block_size + (-job.ctx.num_computed) % kv.block_size
-        return max(0, min(num, room))
+    def reads(self, context_id: str) -> bool:
+        """A job works on the context, or a pending fork will read it."""
+        return any(
+            j.ctx.context_id == context_id or (j.fork_from and j.fork_from.context_id == context_id) for j in self.jobs
+        )
+
+    def _reserved(self) -> int:
+        """Blocks admitted prefills still need (admission never hands them out twice)."""
+        return sum(self.kv.blocks_for(j.ctx, j.prefill_target() - j.ctx.num_computed) for j in self.jobs if j.admitted)
+
+    def _admit(self, job: SimJob) -> bool:
+        """Admit a job's whole prefill only when its blocks are free (reclaiming idle contexts),
+        besides what admitted prefills still need and a 1% watermark (as vLLM admits prompts)."""
+        if job.fork_from is not None:
+            self.num_reused_tokens += self.kv.share(job.ctx, job.fork_from)
+            job.fork_from = None
+        need = self.kv.blocks_for(job.ctx, job.prefill_target() - job.ctx.num_computed) + self._reserved()
+        if need + self.watermark > self.kv.num_free:
+            self.kv.reclaim_idle(need + self.watermark, keep=self._in_use())
+        # The watermark keeps room for running rows to grow; with none running it is not needed.
+        growing = any(j.decoding and j.admitted for j in self.jobs)
+        job.admitted = need + (self.watermark if growing else 0) <= self.kv.num_free
+        return job.admitted
+
+    def _in_use(self) -> set[str]:
+        keep = {j.ctx.context_id for j in self.jobs}
+        return keep | {j.fork_from.context_id for j in self.jobs if j.fork_from is not None}
+
+    def _held(self) -> int:
+        """Blocks held by contexts with jobs (what reclaiming idle contexts can never free)."""
+        held = set()
+        for j in self.jobs:
+            held.update(j.ctx.blocks)
+        return len(held)
 
     def preempt(self, job: SimJob) -> None:
-        """Drop the job's KV: it recomputes its context (prompt and output so far) when next run."""
+        """Drop the job's KV: it recomputes its context (prompt and output so far) when re-admitted."""
         self.kv.release(job.ctx)
+        job.admitted = False
         self.num_preemptions += 1
+
+    def _decode_room(self, job: SimJob, decoding: list[SimJob]) -> bool:
+        """A block for the row's next token: reclaim idle contexts, then preempt lower-ranked rows."""
+        kv = self.kv
+        if kv.blocks_for(job.ctx, 1) <= kv.num_free:
+            return True
+        kv.reclaim_idle(1, keep=self._in_use())
+        while kv.blocks_for(job.ctx, 1) > kv.num_free:
+            victims = [j for j in decoding if j is not job and j.ctx.blocks and j.rank() > job.rank()]
+            if not victims:
+                return False
+            self.preempt(max(victims, key=SimJob.rank))
+        return True
 
     def plan(self) -> StepPlan:
         plan = StepPlan()
-        jobs = [j for j in self.eligible() if not j.aborted]
+        jobs = self.eligible()
         decoding = sorted(
-            (j for j in jobs if j.decoding and j.ctx.num_computed == j.ctx.num_tokens - 1), key=SimJob.rank
+            (j for j in jobs if j.decoding and j.admitted and j.ctx.num_computed == j.ctx.num_tokens - 1),
+            key=SimJob.rank,
         )
         latency = any(j.objective is Objective.LATENCY for j in decoding)
         budget = self.config.latency_max_batched_tokens if latency else self.config.max_num_batched_tokens
         for job in decoding:
             if budget == 0:
                 break
-            if job.ctx.num_computed != job.ctx.num_tokens - 1:  # preempted by a higher-ranked row
-                continue
-            if self._fit(job, 1, decoding) == 1:
+            if job.admitted and self._decode_room(job, decoding):
                 self.kv.compute(job.ctx, 1)
                 plan.rows.append(job)
                 budget -= 1
         prefilling = sorted(
-            (j for j in jobs if j not in plan.rows and j.ctx.num_computed < j.prefill_target()), key=SimJob.rank
+            (
+                j
+                for j in jobs
+                if j not in plan.rows and (j.fork_from is not None or j.ctx.num_computed < j.prefill_target())
+            ),
+            key=SimJob.rank,
         )
         for job in prefilling:
             if budget == 0:
                 break
-            num = self._fit(job, min(job.prefill_target() - job.ctx.num_computed, budget), decoding)
+            if not job.admitted and not self._admit(job):
+                break  # first come, first served: a later prompt does not overtake one that waits for room
+            num = min(job.prefill_target() - job.ctx.num_computed, budget)
             if num <= 0:
                 continue
             cached = job.ctx.num_computed
@@ -153,14 +196,14 @@ class SimScheduler:
         return plan
 
     def _unstick(self, jobs: list[SimJob]) -> None:
-        """Nothing fit: preempt the lowest-ranked job holding blocks, so the best one can run."""
-        holders = [j for j in jobs if j.ctx.blocks]
-        if len(holders) > 1 or (holders and holders[0] is not min(jobs, key=SimJob.rank)):
+        """Nothing could run: preempt the lowest-ranked job holding blocks, so the best one can;
+        with no one to preempt, the best job can never fit (the engine fails it)."""
+        holders = [j for j in jobs if j.ctx.blocks and j is not min(jobs, key=SimJob.rank)]
+        if holders:
             self.preempt(max(holders, key=SimJob.rank))
             return
-        if not jobs:
-            return
-        raise OutOfBlocks(min(jobs, key=SimJob.rank).ctx.context_id)
+        if jobs:
+            raise OutOfBlocks(min(jobs, key=SimJob.rank).ctx.context_id)
 
     def apply(self, plan: StepPlan, now: float) -> tuple[list[SimJob], int]:
         """After the step's time passed: sampled tokens join their contexts. Returns the jobs that
