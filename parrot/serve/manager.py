@@ -279,6 +279,8 @@ class Manager:
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
         limit = self.config.max_open_calls_per_tenant
+        if self.sessions.num_runs_of(session.tenant) + num_new <= limit:
+            return  # even if none had finished (an exact count walks every call: only near the limit)
         num_open = sum(s.num_open_calls for s in self.sessions.of_tenant(session.tenant))
         if num_new and num_open + num_new > limit:
             raise ParrotError(
@@ -291,6 +293,7 @@ class Manager:
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
         session.graph.commit(staged)
         self.executor.add_calls(session, staged.calls)
+        self.sessions.add_runs(session, len(staged.calls))
         return staged
 
     # --- variables --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ Early fills (pipelining) go to the engine the call will most likely run on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from parrot.protocol.objective import Objective
@@ -33,8 +34,10 @@ class _Load:
     running: dict[str, int]
     latency: dict[str, int]
     early: dict[str, int]
-    groups: dict[str, set[str]]
-    apps: dict[str, set[str]]
+    snapshot_groups: Mapping[str, tuple[str, ...]]  # the snapshot's, read only
+    snapshot_apps: Mapping[str, tuple[str, ...]]
+    groups: dict[str, set[str]] = field(default_factory=dict)  # what this plan placed
+    apps: dict[str, set[str]] = field(default_factory=dict)
     reserved: set[str] = field(default_factory=set)
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)  # engine -> tenant -> running
     num_tenants: int = 1  # tenants with work (running or ready calls)
@@ -49,6 +52,16 @@ class _Load:
             self.groups.setdefault(call.task_group, set()).add(engine_id)
         self.apps.setdefault(call.key[0], set()).add(engine_id)
 
+    def group_at(self, group: str | None) -> set[str]:
+        """Engines running the task group's calls, the snapshot's and this plan's (no copy of
+        every group per plan: a plan costs the calls it looks at, not every running group)."""
+        if group is None:
+            return set()
+        return {*self.snapshot_groups.get(group, ()), *self.groups.get(group, ())}
+
+    def app_at(self, app: str) -> set[str]:
+        return {*self.snapshot_apps.get(app, ()), *self.apps.get(app, ())}
+
 
 class AppCentricPolicy:
     def plan(self, snapshot: Snapshot) -> Plan:
@@ -57,8 +70,8 @@ class AppCentricPolicy:
             running={e.engine_id: e.num_running_calls for e in snapshot.engines},
             latency={e.engine_id: e.num_latency_calls for e in snapshot.engines},
             early={e.engine_id: e.num_early_filled_calls for e in snapshot.engines},
-            groups={g: set(es) for g, es in snapshot.group_engines.items()},
-            apps={a: set(es) for a, es in snapshot.app_engines.items()},
+            snapshot_groups=snapshot.group_engines,
+            snapshot_apps=snapshot.app_engines,
             tenants={e: dict(ts) for e, ts in snapshot.tenant_running.items()},
         )
         fail = [FailCall(c.key, c.failed_var_id) for c in snapshot.calls if c.failed_var_id is not None]
@@ -137,8 +150,8 @@ def _best(
     """The preferred engine with room for `num_calls` calls like `call` (or the group's calls)."""
     any_latency = any(c.objective is Objective.LATENCY for c in (objectives or [call]))
     hits = dict(call.prefix_hits)
-    group_at = load.groups.get(call.task_group or "", set())
-    app_at = load.apps.get(call.key[0], set())
+    group_at = load.group_at(call.task_group)
+    app_at = load.app_at(call.key[0])
     fitting = [
         e
         for e in _candidates(call, engines)
@@ -175,8 +188,8 @@ def _early_fills(snapshot: Snapshot, engines: dict[str, EngineView], load: _Load
         engine_id = call.engine_id
         if engine_id is None or not engines[engine_id].alive:
             hits = dict(call.prefix_hits)
-            group_at = load.groups.get(call.task_group or "", set())
-            app_at = load.apps.get(call.key[0], set())
+            group_at = load.group_at(call.task_group)
+            app_at = load.app_at(call.key[0])
             room = [e for e in _candidates(call, engines) if load.early[e.engine_id] < e.max_early_filled_calls]
             if not room:
                 continue

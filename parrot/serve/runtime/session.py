@@ -68,6 +68,7 @@ class SessionRegistry:
         self.run_id = run_id  # in every token: an earlier run's token is told its session was lost
         self.sessions: dict[str, Session] = {}
         self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
+        self._num_runs: dict[str, int] = {}  # tenant -> calls its open sessions hold (finished or not)
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
 
@@ -79,6 +80,15 @@ class SessionRegistry:
         if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
         return "tenant-" + _hash(api_key)[:16]
+
+    def add_runs(self, session: Session, num: int) -> None:
+        """`num` calls were committed to `session` (its runs only grow until it is removed)."""
+        self._num_runs[session.tenant] = self._num_runs.get(session.tenant, 0) + num
+
+    def num_runs_of(self, tenant: str) -> int:
+        """Calls the tenant's open sessions hold, finished ones included: a bound on its open calls
+        that costs nothing to read (the quota check counts exactly only near the limit)."""
+        return self._num_runs.get(tenant, 0)
 
     def of_tenant(self, tenant: str) -> set[Session]:
         """The tenant's open sessions."""
@@ -144,6 +154,7 @@ class SessionRegistry:
         session = self.sessions.pop(session_id, None)
         if session is not None:
             self._by_tenant[session.tenant].discard(session)
+            self._num_runs[session.tenant] = self._num_runs.get(session.tenant, 0) - len(session.runs)
             del self._by_token_hash[session.token_hash]
             self._tombstones[session.token_hash] = (session_id, why)
             while len(self._tombstones) > _NUM_TOMBSTONES:
