@@ -16,7 +16,6 @@ import argparse
 import json
 import platform
 import subprocess
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,7 +117,7 @@ def write_tables(results: list[Result], meta: dict[str, Any]) -> str:
     setups = {p.key: p.setup for p in points(load_paper_workloads(), False)} | meta.get("setups", {})
     for r in results:
         m = ", ".join(f"{k}={v:.2f}" for k, v in r.metrics.items())
-        n = r.counters
+        n = r.counters or {"steps": 0, "prefill_tokens": 0, "preemptions": 0, "peak_kv_blocks": 0}
         lines.append(
             f"| {r.point} | {setups.get(r.point, '')} | {CONFIGS[r.config].label} | {m} | {r.virtual_s:.1f} | "
             f"{r.wall_s:.1f} | {n['steps']:.0f} | {n['prefill_tokens']:.0f} | {n['preemptions']:.0f} | "
@@ -184,21 +183,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one point per figure")
     parser.add_argument("--only", nargs="*", default=None, help="workload prefixes (chain, gpts, ...)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--keep", action="store_true", help="keep the points results.json has; run the others")
     args = parser.parse_args()
     pw = load_paper_workloads()
     rtt = RttModel.from_workloads(pw)
     words = Words(Tokenizer(tokenizer_folder()))
     todo = [p for p in points(pw, args.quick) if not args.only or any(p.key.startswith(o) for o in args.only)]
-    start = time.monotonic()
-    results = []
+    results: list[Result] = []
+    saved = args.out / "results.json"
+    if args.keep and saved.exists():
+        results = [Result(**r) for r in json.loads(saved.read_text())["results"]]
+    done = {(r.point, r.config) for r in results}
+    args.out.mkdir(parents=True, exist_ok=True)
     for point in todo:
         for config in point.configs:
+            if (point.key, config) in done:
+                continue
             result = run_point(point, config, rtt, words)
             results.append(result)
+            saved.write_text(json.dumps({"meta": {}, "results": [asdict(r) for r in results]}, indent=1))
             took = f"virtual {result.virtual_s:.1f} s, wall {result.wall_s:.1f} s"
             print(f"{point.key:22} {config:13} {result.metrics}  {took}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    wall = time.monotonic() - start
+    wall = sum(r.wall_s for r in results)
     about = (f"Commit {commit}, {platform.processor() or platform.machine()}; simulated on a virtual clock: "
              f"{sum(r.virtual_s for r in results) / 3600:.1f} h of serving in {wall / 60:.1f} min of wall time. "
              "Same RTT draws per configuration; Parrot's apps are submitted whole through the manager's API, the "
