@@ -43,6 +43,16 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "serve/policy": ("parrot.serve.runtime", "parrot.serve.http", "parrot.serve.manager", "parrot.text", "fastapi"),
     "serve/runtime": ("parrot.serve.http", "parrot.serve.manager", "fastapi"),
     "engine": ("parrot.serve", "parrot.frontend", "parrot.backends"),
+    # The simulator drives the real manager over the engine contract: never the builtin engine.
+    "sim": (
+        "parrot.engine",
+        "parrot.frontend",
+        "parrot.backends",
+        "parrot.launch",
+        "parrot.cli",
+        "torch",
+        "transformers",
+    ),
     # Engine folders as their READMEs say. The model imports torch only: native kernels are a
     # transform applied to a loaded model from outside (parrot.engine.kernels.apply_native).
     "engine/model": (

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from parrot.protocol.public_api import (
     VariableValue,
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.batches import batch_chars, stage_batch, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
@@ -68,19 +68,19 @@ class Manager:
         engines: Sequence[EngineClient],
         tokenizer_folder: str | Path | None = None,
         config: ManagerConfig | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.config = config or ManagerConfig()
-        # This run of the manager: in its engine context ids (a restarted manager never names an
-        # old run's context on a running engine) and its session tokens (an old run's token is
-        # told its session was lost, not that it is invalid).
+        self.clock = clock  # every time the scheduling path reads or waits on (clock.py)
+        # This run: in its context ids (a restarted manager never names an old run's context, and an
+        # engine frees a dead run's by its lease) and session tokens (an old one is told it was lost).
         self.run_id = secrets.token_hex(4)
-        self.pool = EnginePool(engines, tokenizer_folder)
-        self.sessions = SessionRegistry(self.config, self.run_id)
+        self.pool = EnginePool(engines, tokenizer_folder, clock)
+        self.sessions = SessionRegistry(self.config, self.run_id, clock)
         self.prefix_cache = PrefixCache()
         self.prefixes = (
-            PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
+            PrefixContexts(self.prefix_cache, self.config, self.run_id, clock) if self.config.prefix_sharing else None
         )
-        # Every engine context id this run creates starts with one of these (sessions.py, contexts.py).
         lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
@@ -99,9 +99,9 @@ class Manager:
         """Stop admitting work (503) and wait, at most `grace_s` (default: the config's), until no
         call is in flight; returns the calls still in flight then (stop() ends them)."""
         self.draining = True
-        deadline = time.monotonic() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
-        while (num := self.executor.num_in_flight()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
+        while (num := self.executor.num_in_flight()) and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
         if num:
             log.warning("shutting down with %d calls still in flight: they end with 410", num)
         return num
@@ -199,7 +199,7 @@ class Manager:
 
     async def _expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.expiry_interval_s)
+            await self.clock.sleep(self.config.expiry_interval_s)
             for session in self.sessions.expired():
                 log.info("session %s expired", session.session_id)
                 await self.delete_session(session, f"expired after {session.idle_timeout_s:g} s idle")
@@ -289,16 +289,14 @@ class Manager:
         self.executor.cancel(session, run)
 
     def _check_admissible(self, session: Session, num_new: int) -> None:
-        """409 while another batch of the session is being tokenized; 429 when its tenant would
-        have more unfinished calls than its limit."""
+        """409 while another batch of the session is being tokenized; 429 past the tenant's calls."""
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
         self.sessions.check_tenant_load(session.tenant, num_calls=num_new)
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
-        self.sessions.check_tenant_load(session.tenant, num_tokens=sum(call.num_tokens for call in staged.calls))
+        self.sessions.admit(session, staged)  # 429 past the tenant's tokens in flight; counts what it holds
         session.graph.commit(staged)
-        session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)
         return staged
 
@@ -393,8 +391,9 @@ def create_manager(
     engines: Sequence[EngineClient],
     tokenizer_folder: str | Path | None = None,
     config: ManagerConfig | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> Manager:
     """A manager over `engines` (in-process AsyncEngine or HttpEngineClient); start it with
     `await manager.start()` (create_app's lifespan does). `tokenizer_folder` defaults to each
     engine's own model folder."""
-    return Manager(engines, tokenizer_folder, config)
+    return Manager(engines, tokenizer_folder, config, clock)

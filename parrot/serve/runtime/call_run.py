@@ -54,7 +54,7 @@ class CallRun:
     state: CallState = CallState.WAITING
     engine_id: str | None = None  # the engine holding the call's context, once placed
     num_fill_requested: int = 0  # leading pieces the executor asked to fill early
-    dispatched_at: float | None = None  # time.monotonic() when all inputs were ready and it ran
+    dispatched_at: float | None = None  # the manager clock when all inputs were ready and it ran
     finished_at: float | None = None
     first_token_at: float | None = None  # when its run's first output token arrived (metrics: TTFT)
     # Usage, written by the runner. Cached tokens: prompt tokens whose KV came from a cached prefix

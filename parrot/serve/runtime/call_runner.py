@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -41,6 +40,7 @@ from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest,
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.policy.prefix import PrefixPoint
 from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
@@ -81,8 +81,9 @@ class CallRunner:
         engine: EngineHandle,
         on_output_set: Callable[[Variable], None],
         prefixes: PrefixContexts | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
-        self.call = call
+        self.call, self.clock = call, clock
         self.record = run
         self.variables = variables
         self.engine = engine
@@ -287,7 +288,7 @@ class CallRunner:
                     streamed.append((event.token_id, event.logprob, event.top_logprobs))
                     self.record.num_generated_tokens += 1
                     if self.record.first_token_at is None:
-                        self.record.first_token_at = time.monotonic()
+                        self.record.first_token_at = self.clock.now()
                 if event.text:
                     var.append(event.text)
                 if event.finish_reason is not None:

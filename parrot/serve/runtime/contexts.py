@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from parrot.protocol.engine_api import FillRequest, FreeContextRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import (
     PointKind,
@@ -92,7 +92,8 @@ async def free_context(client: EngineClient, context_id: str) -> None:
 
 
 class PrefixContexts:
-    def __init__(self, cache: PrefixCache, config: ManagerConfig, run_id: str = "") -> None:
+    def __init__(self, cache: PrefixCache, config: ManagerConfig, run_id: str = "", clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock
         self.cache = cache
         self.config = config
         self.run_id = run_id  # the manager's run: prefix context ids never repeat across restarts
@@ -131,18 +132,18 @@ class PrefixContexts:
             parent = existing or self._create(engine, parent, point, token_ids, objective, priority, owner, early)
         if parent is None:
             return None
-        self.cache.acquire(parent, time.monotonic())
+        self.cache.acquire(parent, self.clock.now())
         try:
             await self._ready(parent)
         except BaseException:
-            self.cache.release(parent, time.monotonic())
+            self.cache.release(parent, self.clock.now())
             raise
         if hit is not None:
             hit.num_hits += 1
         return Lease(parent, hit_tokens)
 
     def release(self, lease: Lease) -> None:
-        self.cache.release(lease.entry, time.monotonic())
+        self.cache.release(lease.entry, self.clock.now())
 
     def _create(
         self,
@@ -158,7 +159,7 @@ class PrefixContexts:
         context_id = f"pfx-{self.run_id}-{next(self._ids)}-{point.prefix_hash[:12]}"
         entry = PrefixEntry(point.prefix_hash, engine.engine_id, context_id, point.num_tokens, parent)
         entry.created_for, entry.created_early = owner, early
-        entry.last_used = time.monotonic()
+        entry.last_used = self.clock.now()
         self.cache.add(entry)
         if parent is not None:
             self.cache.acquire(parent, entry.last_used)  # until the fork has read it
@@ -187,7 +188,7 @@ class PrefixContexts:
             raise
         finally:
             if entry.parent is not None:
-                self.cache.release(entry.parent, time.monotonic())
+                self.cache.release(entry.parent, self.clock.now())
             self._fills.pop(id(entry), None)
 
     async def _ready(self, entry: PrefixEntry) -> None:

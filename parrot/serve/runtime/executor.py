@@ -10,11 +10,10 @@ Event-driven: a new call, a set variable, a new `get`, a finished call or a dead
 dirty and wakes one loop, which (1) re-deduces changed sessions' objectives and recomputes dirty
 calls' views, (2) asks the policy for a plan and (3) applies it. Only step 3 has effects.
 
-A whole DAG submitted at once runs level after level with no client round trip. A call's tasks run
-one after another (an early fill, then the run): its context never sees two of our requests at
-once. A run whose engine stops answering waits again and is dispatched again (on a live engine, at
-most `max_call_attempts` runs; its runner resumes the outputs); one that runs past
-`call_deadline_s` fails with 504 (its engine work stops).
+A whole DAG submitted at once runs level after level with no client round trip. A call's tasks run one after
+another (an early fill, then the run): its context never sees two of our requests at once. A run whose engine
+stops answering waits again and is dispatched again (on a live engine, at most `max_call_attempts` runs; its
+runner resumes the outputs); one that runs past `call_deadline_s` fails with 504 (its engine work stops).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import asyncio
 import functools
 import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from parrot.protocol.engine_client import EngineUnavailable
@@ -243,9 +241,10 @@ class GraphExecutor:
             engine.num_running_calls += 1
             engine.num_latency_calls += is_latency
             run.slot = EngineSlot(engine, is_latency, runner)
+            self._views.placed.add(id(run), dispatch.key[0], run.task_group, dispatch.engine_id, run.tenant)
             run.state = CallState.RUNNING
             run.engine_id = dispatch.engine_id
-            run.dispatched_at = time.monotonic()
+            run.dispatched_at = self.pool.clock.now()
             work = functools.partial(self._run, session, dispatch.key, run, runner, engine)
             self._chain(dispatch.key, run, work, counted=runner)
 
@@ -253,6 +252,7 @@ class GraphExecutor:
         """The run of `runner` ended: its engine has room again (a later run of the call keeps its own)."""
         if (slot := run.slot) is not None and slot.runner is runner:
             run.slot = None
+            self._views.placed.remove(id(run))
             slot.engine.num_running_calls -= 1
             slot.engine.num_latency_calls -= slot.is_latency
             self._wake.set()
@@ -278,6 +278,7 @@ class GraphExecutor:
                 self.pool.handles[engine_id],
                 lambda var: self.variables_set(session, [var]),
                 self.prefixes,
+                self.pool.clock,
             )
         return run.runner
 
@@ -382,7 +383,7 @@ class GraphExecutor:
 
     def _finish(self, session: Session, run: CallRun, error: ParrotError | None) -> None:
         run.state = CallState.DONE if error is None else CallState.FAILED
-        run.finished_at = time.monotonic()
+        run.finished_at = self.pool.clock.now()
         self.on_finish(run)
         if error is not None:
             failed = []

@@ -15,7 +15,6 @@ global one), so several managers in one process (tests) do not clash. Two kinds 
 from __future__ import annotations
 
 import collections
-import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -201,7 +200,7 @@ class _StateCollector(Collector):
                 ("num_preemptions", "Generations the engine preempted to free KV blocks (its stats)"),
             )
         }
-        now = time.monotonic()
+        now = self.pool.clock.now()
         for h in list(self.pool.handles.values()):
             key, st = [h.engine_id, h.model], h.stats
             used = st.num_blocks_total - st.num_blocks_free

@@ -4,7 +4,6 @@ and that DAG as Graphviz DOT text for the dashboard (the layout is Graphviz's, `
 from __future__ import annotations
 
 import collections
-import time
 
 from parrot.protocol.ops_api import (
     ClusterStatus,
@@ -25,7 +24,7 @@ from parrot.serve.runtime.session import Session, SessionRegistry
 def cluster_status(
     sessions: SessionRegistry, pool: EnginePool, prefix_cache: PrefixCache, metrics: ServeMetrics
 ) -> ClusterStatus:
-    now = time.monotonic()
+    now = pool.clock.now()
     engines = []
     for h in pool.handles.values():
         st = h.stats
@@ -92,7 +91,7 @@ def cluster_status(
 def session_dag(session: Session) -> SessionDag:
     """Calls and variables as nodes; an edge from each input variable to its call and from each
     call to its output variables."""
-    now = time.monotonic()
+    now = session.clock.now()
     nodes, edges = [], []
     for var in session.graph.variables.values():
         nodes.append(DagNode(node_id=var.var_id, kind="variable", label=var.name or var.var_id, state=var.state.value))
