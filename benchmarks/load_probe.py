@@ -15,14 +15,11 @@ import argparse
 import asyncio
 import collections
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+from benchmarks.tenant_flood import engine_config
 from parrot.backends.connect import connect_engine
 from parrot.engine.async_engine import AsyncEngine
-from parrot.engine.config import EngineConfig
-from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder, write_tiny_model
 from parrot.frontend import AsyncSession, Input, Output, semantic_function
 from parrot.protocol.errors import ParrotError
 from parrot.serve import ManagerConfig, create_app, create_manager
@@ -67,12 +64,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--calls", type=int, default=3, help="dependent calls per session")
     args = parser.parse_args()
-    if args.model is None:
-        folder = write_tiny_model(Path(tempfile.mkdtemp()) / "tiny", tokenizer_from=resolve_model_folder(DEFAULT_MODEL))
-        config = EngineConfig(model=str(folder), dtype="float32", num_blocks=8192, block_size=16)
-    else:
-        config = EngineConfig(model=args.model)
-    engine = AsyncEngine(config)
+    engine = AsyncEngine(engine_config(args.model))
     engine.start()
     manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
     try:

@@ -56,6 +56,15 @@ async def run(engine: AsyncEngine, num_flood: int, flood_words: int, repeats: in
         await manager.stop()
 
 
+def engine_config(model: str | None) -> EngineConfig:
+    """`model` (a name or folder) as the default engine runs it, or None: a tiny random LLaMA in
+    float32 with the default model's tokenizer (seconds of work, for what the manager does)."""
+    if model is not None:
+        return EngineConfig(model=model)
+    folder = write_tiny_model(Path(tempfile.mkdtemp()) / "tiny", tokenizer_from=resolve_model_folder(DEFAULT_MODEL))
+    return EngineConfig(model=str(folder), dtype="float32", num_blocks=8192, block_size=16)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a model name or folder (default: a tiny random LLaMA)")
@@ -63,12 +72,7 @@ def main() -> None:
     parser.add_argument("--flood-words", type=int, default=1000, help="prompt words of each flood call")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if args.model is None:
-        folder = write_tiny_model(Path(tempfile.mkdtemp()) / "tiny", tokenizer_from=resolve_model_folder(DEFAULT_MODEL))
-        config = EngineConfig(model=str(folder), dtype="float32", num_blocks=8192, block_size=16)
-    else:
-        config = EngineConfig(model=args.model)
-    engine = AsyncEngine(config)
+    engine = AsyncEngine(engine_config(args.model))
     engine.start()
     try:
         unloaded, loaded = asyncio.run(run(engine, args.flood, args.flood_words, args.repeats))

@@ -91,13 +91,14 @@ class Manager:
 
     async def start(self) -> None:
         await self.pool.start()
+        # The lease on this run's contexts before any exists (the run may die before a heartbeat).
+        await asyncio.gather(*(self.health.renew_lease(h) for h in self.pool.alive))
         self.executor.start()
         self.health.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_loop(), name="parrot-session-expiry")
 
     async def drain_in_flight(self, grace_s: float | None = None) -> int:
-        """Stop admitting work (503) and wait, at most `grace_s` (default: the config's), until no
-        call is in flight; returns the calls still in flight then (stop() ends them)."""
+        """Stop admitting work (503); wait up to `grace_s` for no call in flight; return those left."""
         self.draining = True
         deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
         while (num := self.executor.num_in_flight()) and self.clock.now() < deadline:
@@ -142,12 +143,12 @@ class Manager:
         except EngineUnavailable as e:
             raise ParrotError(f"cannot reach the engine: {e.message}", status=400, field="url") from e
         self.health.calibrate(handle)
+        await self.health.renew_lease(handle)  # before it holds any context of ours
         self.executor.engines_changed()
         return handle
 
     async def remove_engine(self, engine_id: str) -> EngineHandle:
-        """Stop scheduling onto an engine (operator's request): its calls move to the other engines
-        as on an engine's death, its cached prefixes leave the index, then its client is closed."""
+        """Stop scheduling onto an engine (operator's request): as on its death, then close its client."""
         handle = self.pool.handles.get(engine_id)
         if handle is None:
             raise not_found("engine", engine_id, "engine_id")

@@ -23,6 +23,7 @@ from parrot.protocol.engine_api import (
     FillResult,
     FreeContextRequest,
     GenerateRequest,
+    LeaseRequest,
     TokenEvent,
     check_context_ids,
 )
@@ -122,6 +123,10 @@ class SimEngine:
         if self.scheduler.reads(req.context_id):
             raise conflict(f"context {req.context_id!r} has work in progress", "context_id")
         self.kv.free_context(req.context_id)
+
+    async def renew_lease(self, req: LeaseRequest) -> None:
+        """Leases are not modelled: a simulation's contexts end with it (a dead engine's with it)."""
+        self._check_alive()
 
     async def stats(self) -> EngineStats:
         self._check_alive()

@@ -103,14 +103,16 @@ class HealthMonitor:
         handle.last_heartbeat = self.pool.clock.now()
         handle.suspected = False
         self.calibrate(handle)
-        await self._renew_lease(handle)
+        await self.renew_lease(handle)
         try:
             self.on_stats(handle)
         except Exception:  # a bug in eviction must not kill the heartbeat
             log.exception("handling the stats of engine %s failed", handle.engine_id)
         return True
 
-    async def _renew_lease(self, handle: EngineHandle) -> None:
+    async def renew_lease(self, handle: EngineHandle) -> None:
+        """Renew this run's context lease on the engine if a quarter of its ttl has passed (or
+        never renewed there); a failure is logged and the next heartbeat tries again."""
         if self.lease is None:
             return
         now = self.pool.clock.now()
