@@ -91,8 +91,9 @@ class Manager:
 
     async def start(self) -> None:
         await self.pool.start()
-        # The lease on this run's contexts before any exists (the run may die before a heartbeat).
-        await asyncio.gather(*(self.health.renew_lease(h) for h in self.pool.alive))
+        for handle in self.pool.alive:  # the lease on this run's contexts before any exists
+            self.metrics.engine_added(handle.engine_id)
+            await self.health.renew_lease(handle)
         self.executor.start()
         self.health.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_loop(), name="parrot-session-expiry")
@@ -143,22 +144,21 @@ class Manager:
         except EngineUnavailable as e:
             raise ParrotError(f"cannot reach the engine: {e.message}", status=400, field="url") from e
         self.health.calibrate(handle)
+        self.metrics.engine_added(handle.engine_id)
         await self.health.renew_lease(handle)  # before it holds any context of ours
         self.executor.engines_changed()
         return handle
 
     async def remove_engine(self, engine_id: str) -> EngineHandle:
         """Stop scheduling onto an engine (operator's request): as on its death, then close its client."""
-        handle = self.pool.handles.get(engine_id)
-        if handle is None:
+        if (handle := self.pool.handles.get(engine_id)) is None:
             raise not_found("engine", engine_id, "engine_id")
         self.health.declare_dead(handle, "removed by an operator")
         del self.pool.handles[engine_id]
         self.executor.engines_changed()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.executor.drain(), timeout=10.0)  # frees on it end first
-        aclose = getattr(handle.client, "aclose", None)
-        if aclose is not None:
+        if (aclose := getattr(handle.client, "aclose", None)) is not None:
             await aclose()
         return handle
 

@@ -126,6 +126,10 @@ class ServeMetrics:
         self.gets.inc()
         self.totals["gets"] += 1
 
+    def engine_added(self, engine_id: str) -> None:
+        """Its heartbeat count shows (at 0) before its first heartbeat."""
+        self.heartbeats.labels(engine_id)
+
     def heartbeat(self, engine_id: str) -> None:
         self.heartbeats.labels(engine_id).inc()
 
