@@ -2,13 +2,17 @@
 interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
 and sampling), one without.
 
-    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048]
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused]
 
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
 prompt of N tokens to its first token (fill + generate submitted together, the loop thread
 running). Each case runs three rounds; each round times both engines, in alternating order, and
 the best of each is reported. Only the engine being timed works; the other waits idle.
+
+--fused: both engines on the native kernels, one running each decoder layer in one native call
+(kernels.FusedDecoderLayer, the default), the other the same kernels one op at a time
+(`kernels.set_fused(model, False)`): what the per-op Python and ctypes overhead costs.
 """
 
 from __future__ import annotations
@@ -76,16 +80,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", default=["d1", "d8", "d32", "d64", "p128", "p512", "p2048"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     a = ap.parse_args()
     if not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
     torch.set_num_threads(a.threads)
     folder = resolve_model_folder(DEFAULT_MODEL)
     config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
-    engines = {native: LLMEngine(dataclasses.replace(config, cpu_kernels=native)) for native in (True, False)}
+    engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on or a.fused)) for on in (True, False)}
     assert engines[True].stats().native_kernels == kernels.status()
+    if a.fused:
+        kernels.set_fused(engines[False].model, False)
     timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
-    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads: best of 3, native kernels ({kernels.status()}) vs torch ops")
+    names = ("fused", "per-op") if a.fused else ("kernels", "torch")
+    mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
+    what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
+    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads, {mode} mode: best of 3, {what} ({kernels.status()})")
     for engine in engines.values():
         engine.start()
     try:
@@ -98,7 +108,8 @@ def main() -> None:
                     ms = timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n)
                     best[native] = min(best[native], ms)
             label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
-            print(f"{label}: kernels {best[True]:.1f} ms, torch {best[False]:.1f} ms, {best[False] / best[True]:.2f}x")
+            ratio = best[False] / best[True]
+            print(f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x")
     finally:
         for engine in engines.values():
             engine.stop()
