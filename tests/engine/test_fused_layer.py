@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from parrot.engine import kernels, sync_client
 from parrot.engine.attention.base import PagedAttention, SeqSpec
@@ -17,6 +18,7 @@ from parrot.engine.config import EngineConfig
 from parrot.engine.kernels import library
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.llm_engine import LLMEngine
+from parrot.engine.model.layers import Linear
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.model.loader import load_model, write_tiny_model
 from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
@@ -51,8 +53,16 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counted:
     return counter
 
 
-def native_model(folder: Path, invariant: bool) -> LlamaModel:
+def native_model(folder: Path, invariant: bool, qkv_bias: bool = False) -> LlamaModel:
     model = load_model(folder, torch.bfloat16)
+    if qkv_bias:  # Qwen2-style: a bias on the QKV projection
+        gen = torch.Generator().manual_seed(1)
+        for layer in model.layers:
+            old = layer.qkv
+            new = Linear(old.in_features, old.out_features, bias=True, dtype=torch.bfloat16)
+            new.weight = old.weight
+            new.bias = nn.Parameter(torch.randn(old.out_features, generator=gen).to(torch.bfloat16), False)
+            layer.qkv = new
     assert kernels.apply_native(model).applied
     if invariant:
         kernels.apply_batch_invariant(model)
@@ -83,8 +93,9 @@ def run_steps(model: LlamaModel, backend_cls: type, steps: list[list[tuple[int, 
 STEPS = [[(20, 20), (20, 20), (5, 5)], [(17, 37)], [(1, 38), (1, 21), (1, 6)], [(1, 39), (1, 22)], [(1, 40)]]
 
 
-def test_rowwise_steps_are_fused_bit_for_bit(folder: Path, counted: Counted) -> None:
-    model = native_model(folder, invariant=True)
+@pytest.mark.parametrize("qkv_bias", [False, True], ids=["llama", "qkv-bias"])
+def test_rowwise_steps_are_fused_bit_for_bit(folder: Path, counted: Counted, qkv_bias: bool) -> None:
+    model = native_model(folder, invariant=True, qkv_bias=qkv_bias)
     assert kernels.set_fused(model, False) == 3
     per_op, per_op_cache = run_steps(model, RowwiseAttention, STEPS)
     assert counted.calls == 0
