@@ -7,8 +7,9 @@ and sampling), one without.
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
 prompt of N tokens to its first token (fill + generate submitted together, the loop thread
-running). Each case runs three rounds; each round times both engines, in alternating order, and
-the best of each is reported. Only the engine being timed works; the other waits idle.
+running). Each case runs `--rounds` rounds (3); each round times both engines, in alternating
+order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
+machine the best is luck). Only the engine being timed works; the other waits idle.
 
 --fused: both engines on the native kernels, one running each decoder layer in one native call
 (kernels.FusedDecoderLayer, the default), the other the same kernels one op at a time
@@ -21,6 +22,7 @@ import argparse
 import dataclasses
 import itertools
 import random
+import statistics
 import time
 
 import torch
@@ -80,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", default=["d1", "d8", "d32", "d64", "p128", "p512", "p2048"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     a = ap.parse_args()
     if not kernels.available():
@@ -95,21 +98,25 @@ def main() -> None:
     names = ("fused", "per-op") if a.fused else ("kernels", "torch")
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
-    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads, {mode} mode: best of 3, {what} ({kernels.status()})")
+    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({kernels.status()})")
     for engine in engines.values():
         engine.start()
     try:
         for case in a.cases:
             kind, n = case[0], int(case[1:])
-            best = {True: float("inf"), False: float("inf")}
-            for round_idx in range(3):
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for round_idx in range(a.rounds):
                 for native in (True, False) if round_idx % 2 == 0 else (False, True):
                     timer = timers[native]
-                    ms = timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n)
-                    best[native] = min(best[native], ms)
+                    times[native].append(timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n))
+            best = {native: min(ms) for native, ms in times.items()}
             label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
             ratio = best[False] / best[True]
-            print(f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x")
+            line = f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x"
+            if a.rounds > 3:
+                med = {native: statistics.median(ms) for native, ms in times.items()}
+                line += f" (medians {med[True]:.1f} / {med[False]:.1f} ms, {med[False] / med[True]:.2f}x)"
+            print(line)
     finally:
         for engine in engines.values():
             engine.stop()
