@@ -66,11 +66,14 @@ class FusedStep:
         self.key: tuple[RotaryStep, NativeRows] | None = None  # held: identity is the step's
         self.desc: torch.Tensor | None = None  # None: this step runs per op
         self.scratch: torch.Tensor | None = None
+        # Layer i writes its (x, h) to outs[i % 2]: the next layer reads them while writing the other.
+        self.outs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.out_ptrs: list[tuple[int, int]] = []
 
     def get(self, cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> torch.Tensor | None:
         if self.key is not None and self.key[0] is rotary and self.key[1] is rows:
             return self.desc
-        self.key, self.desc, self.scratch = (rotary, rows), None, None
+        self.key, self.desc, self.scratch, self.outs, self.out_ptrs = (rotary, rows), None, None, [], []
         if not self._takes(cfg, rotary, rows, n):
             return None
         hq, hkv, d, hidden, inter = (
@@ -83,6 +86,9 @@ class FusedStep:
         width = (hq + 2 * hkv) * d
         # qkv, attention, residual, normed, gate/up, act, delta (the order parrot_decoder_layer reads)
         self.scratch = torch.empty(n * (width + hq * d + 3 * hidden + 3 * inter), dtype=torch.bfloat16)
+        outs = torch.empty(2, 2, n, hidden, dtype=torch.bfloat16)
+        self.outs = [(outs[i, 0], outs[i, 1]) for i in range(2)]
+        self.out_ptrs = [(x.data_ptr(), h.data_ptr()) for x, h in self.outs]
         k = rows.k_cache
         fields = [n, hidden, hq, hkv, d, inter, rows.slot_mapping.data_ptr(), rows.tables.data_ptr()]
         fields += [rows.tables.shape[1], rows.lens.data_ptr(), rotary.positions.data_ptr()]
@@ -122,9 +128,11 @@ class FusedDecoderLayer(DecoderLayer):
         super().__init__(cfg)
         self.fused = True  # False: always the per-op path (set_fused)
         self.step = FusedStep()  # replaced by the model's shared one in `share_steps`
-        self.layer_key: tuple[int, ...] | None = None
+        self.layer_key: tuple[object, ...] | None = None
         self.layer_desc: torch.Tensor | None = None
-        self.layer_tensors: list[torch.Tensor] = []  # what layer_desc points into, kept alive
+        self.layer_tensors: list[torch.Tensor] = []  # what layer_desc and norm_ptrs point into, kept alive
+        self.norm_ptrs = (0, 0)  # the post-attention and next norms' weights
+        self.eps = (0.0, 0.0)
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> FusedDecoderLayer:
@@ -143,33 +151,47 @@ class FusedDecoderLayer(DecoderLayer):
     def _fused(
         self, idx: int, x: torch.Tensor, h: torch.Tensor, rotary: RotaryStep, attend: AttendFn, next_norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layer in one native call, or None where it does not take this step."""
+        """The layer in one native call, or None where it does not take this step. (Runs once per
+        layer per step: module attributes are read from `_modules` / `_parameters`, not through
+        nn.Module.__getattr__, which costs a microsecond each.)"""
         lib = library.load()
         native_rows = getattr(getattr(attend, "__self__", None), "native_rows", None)
         if lib is None or native_rows is None or torch.is_grad_enabled():
             return None
         rows = native_rows()
         n, hidden = x.shape[0], self.cfg.hidden_size
-        layer = self._layer_desc(n) if isinstance(rows, NativeRows) else None
+        layer = self._layer_desc(n, next_norm) if isinstance(rows, NativeRows) else None
         if layer is None or not (_bf16(x, n, hidden) and _bf16(h, n, hidden)):
-            return None
-        if not (isinstance(next_norm, NativeRMSNorm) and _bf16(next_norm.weight, hidden)):
             return None
         step = self.step.get(self.cfg, rotary, rows, n)
         if step is None:
             return None
-        out = torch.empty(2, n, hidden, dtype=torch.bfloat16)
-        ptr = out.data_ptr()
-        args = (layer.data_ptr(), step.data_ptr(), idx, x.data_ptr(), h.data_ptr(), next_norm.weight.data_ptr())
-        eps = (self.post_attn_norm.eps, next_norm.eps)
-        failed = lib.parrot_decoder_layer(*args, ptr, ptr + 2 * n * hidden, *eps, rows.scale)
+        x_out, h_out = self.step.out_ptrs[idx % 2]
+        args = (layer.data_ptr(), step.data_ptr(), idx, x.data_ptr(), h.data_ptr(), self.norm_ptrs[1], x_out, h_out)
+        failed = lib.parrot_decoder_layer(*args, *self.eps, rows.scale)
         if failed:
             raise MemoryError(f"fused decoder layer: {failed} attention work items could not allocate their scores")
-        return out[0], out[1]
+        return self.step.outs[idx % 2]
 
-    def _layer_desc(self, n: int) -> torch.Tensor | None:
+    def _layer_desc(self, n: int, next_norm: RMSNorm) -> torch.Tensor | None:
         """The layer's descriptor (`LY_*` of cpu_kernels.c) for a step of n rows, or None where the
-        per-op path would not run these kernels."""
+        per-op path would not run these kernels; rebuilt when a piece, a weight (or its version) or
+        the next norm changes."""
+        m = self._modules
+        pieces = (m["qkv"], m["o"], m["gate_up"], m["down"], m["post_attn_norm"], m["silu_mul"], next_norm)
+        params = [p._parameters.get(name) for p in pieces for name in ("weight", "bias") if p is not None]
+        packs = [p.__dict__.get("packed") for p in pieces[:4] if p is not None]
+        fingerprint = (
+            n <= ops.DOT_MAX_ROWS,
+            *pieces,
+            *packs,
+            *((t.data_ptr(), t._version) for t in params if t is not None),
+        )
+        if fingerprint != self.layer_key:
+            self.layer_key, self.layer_desc = fingerprint, self._build_layer_desc(n, next_norm)
+        return self.layer_desc
+
+    def _build_layer_desc(self, n: int, next_norm: RMSNorm) -> torch.Tensor | None:
         linears = [lin for lin in (self.qkv, self.o, self.gate_up, self.down) if isinstance(lin, NativeLinear)]
         invariant = {lin.ROW_INVARIANT for lin in linears}
         if len(linears) < 4:
@@ -180,21 +202,22 @@ class FusedDecoderLayer(DecoderLayer):
             kind, packs = LINEAR_DOT, [lin.weight for lin in linears]
         else:
             return None
-        norm, bias = self.post_attn_norm, self.qkv.bias
+        norm, bias, hidden = self.post_attn_norm, self.qkv.bias, self.cfg.hidden_size
         if not isinstance(norm, NativeRMSNorm) or not isinstance(self.silu_mul, NativeSiluMul):
+            return None
+        if not (isinstance(next_norm, NativeRMSNorm) and _bf16(next_norm.weight, hidden)):
             return None
         weights: list[torch.Tensor] = [p for p in packs if p is not None]
         if len(weights) < 4 or not all(w.dtype == torch.bfloat16 and w.is_contiguous() for w in weights):
             return None  # (a weight the VNNI kernel cannot take runs on the dot kernel per op)
         if bias is not None and not _bf16(bias, bias.shape[0]):
             return None
-        tensors = [*weights, norm.weight] if bias is None else [*weights, bias, norm.weight]
-        key = (kind, *(t.data_ptr() for t in tensors))
-        if key != self.layer_key:
-            ptrs = [t.data_ptr() for t in weights]
-            fields = [ptrs[0], 0 if bias is None else bias.data_ptr(), *ptrs[1:], norm.weight.data_ptr(), kind]
-            self.layer_desc, self.layer_key, self.layer_tensors = torch.tensor(fields, dtype=torch.int64), key, tensors
-        return self.layer_desc
+        ptrs = [t.data_ptr() for t in weights]
+        fields = [ptrs[0], 0 if bias is None else bias.data_ptr(), *ptrs[1:], norm.weight.data_ptr(), kind]
+        self.layer_tensors = [*weights, norm.weight, next_norm.weight] + ([] if bias is None else [bias])
+        self.norm_ptrs = (norm.weight.data_ptr(), next_norm.weight.data_ptr())
+        self.eps = (norm.eps, next_norm.eps)
+        return torch.tensor(fields, dtype=torch.int64)
 
 
 def share_steps(model: nn.Module) -> int:
