@@ -84,12 +84,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
+    ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
     a = ap.parse_args()
     if not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
     torch.set_num_threads(a.threads)
     folder = resolve_model_folder(DEFAULT_MODEL)
     config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
+    if a.no_batch_invariant:
+        config = dataclasses.replace(config, batch_invariant=False)
     engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on or a.fused)) for on in (True, False)}
     assert engines[True].stats().native_kernels == kernels.status()
     if a.fused:

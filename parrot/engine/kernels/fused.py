@@ -15,9 +15,11 @@ kernel at up to DOT_MAX_ROWS rows. Anything else (float32, torch pieces, prefill
 paged backend, the shared-prefix cascade, AMX or oneDNN row counts, odd shapes, autograd) runs
 the layer's per-op path. `set_fused(model, False)` turns a model's fused layers off (A/B runs).
 
-Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor and
-scratch from the first layer of a forward pass to the first layer of the next; each layer holds
-its own descriptor, rebuilt when a weight or its packed copy changes.
+Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
+and two output buffers from the first layer of a forward pass to the first layer of the next
+(layer i's outputs are overwritten by layer i + 2: the model's loop holds only the latest; the
+last layer's outputs stay valid after the pass); each layer holds its own descriptor, rebuilt
+when a piece, a weight or its packed copy changes.
 """
 
 from __future__ import annotations
