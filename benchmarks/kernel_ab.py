@@ -11,9 +11,11 @@ running). Each case runs `--rounds` rounds (3); each round times both engines, i
 order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
 machine the best is luck). Only the engine being timed works; the other waits idle.
 
---fused: both engines on the native kernels, one running each decoder layer in one native call
-(kernels.FusedDecoderLayer, the default), the other the same kernels one op at a time
-(`kernels.set_fused(model, False)`): what the per-op Python and ctypes overhead costs.
+--fused: one engine on the native kernels, by turns running each decoder layer in one native call
+(kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
+(`kernels.set_fused(model, False)`): what the per-op Python and ctypes overhead costs. (One
+engine, not two: in an A/A run of two engines built alike, where nothing was fused, their
+decode steps at 1-4 rows differed by 9-14%.)
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
+    ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
     a = ap.parse_args()
     if not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
@@ -93,11 +96,16 @@ def main() -> None:
     config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
     if a.no_batch_invariant:
         config = dataclasses.replace(config, batch_invariant=False)
-    engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on or a.fused)) for on in (True, False)}
+    if a.attention:
+        config = dataclasses.replace(config, attention=a.attention)
+    if a.fused:  # one engine, its layers fused or not by turns: the same memory, KV and weights for both
+        engine = LLMEngine(config)
+        engines = {True: engine}
+        timers = {on: StepTimer(engine, seed=int(on)) for on in (True, False)}  # (no prefix cache hits)
+    else:
+        engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
+        timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
     assert engines[True].stats().native_kernels == kernels.status()
-    if a.fused:
-        kernels.set_fused(engines[False].model, False)
-    timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
     names = ("fused", "per-op") if a.fused else ("kernels", "torch")
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
@@ -111,6 +119,8 @@ def main() -> None:
             for round_idx in range(a.rounds):
                 for native in (True, False) if round_idx % 2 == 0 else (False, True):
                     timer = timers[native]
+                    if a.fused:
+                        kernels.set_fused(timer.engine.model, native)
                     times[native].append(timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n))
             best = {native: min(ms) for native, ms in times.items()}
             label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
