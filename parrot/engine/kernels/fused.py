@@ -16,9 +16,9 @@ paged backend, the shared-prefix cascade, AMX or oneDNN row counts, odd shapes, 
 the layer's per-op path. `set_fused(model, False)` turns a model's fused layers off (A/B runs).
 
 Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
-and two output buffers from the first layer of a forward pass to the first layer of the next
-(layer i's outputs are overwritten by layer i + 2: the model's loop holds only the latest; the
-last layer's outputs stay valid after the pass); each layer holds its own descriptor, rebuilt
+and two output buffers from the first layer of a forward pass to its last (layer i's outputs are
+overwritten by layer i + 2: the model's loop holds only the latest; the last layer's outputs stay
+valid after the pass); each layer holds its own descriptor, rebuilt
 when a piece, a weight or its packed copy changes.
 """
 
@@ -99,6 +99,11 @@ class FusedStep:
         self.desc = torch.tensor(fields, dtype=torch.int64)
         return self.desc
 
+    def release(self) -> None:
+        """Forget the step (the next layer call builds the next one); outputs already returned
+        stay valid."""
+        self.key, self.desc, self.scratch, self.outs, self.out_ptrs = None, None, None, [], []
+
     @staticmethod
     def _takes(cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> bool:
         hkv, d = cfg.num_kv_heads, cfg.head_dim
@@ -173,7 +178,10 @@ class FusedDecoderLayer(DecoderLayer):
         failed = lib.parrot_decoder_layer(*args, *self.eps, rows.scale)
         if failed:
             raise MemoryError(f"fused decoder layer: {failed} attention work items could not allocate their scores")
-        return self.step.outs[idx % 2]
+        out = self.step.outs[idx % 2]
+        if idx == self.cfg.num_layers - 1:
+            self.step.release()  # the pass is done: its scratch goes now, not at the next step
+        return out
 
     def _layer_desc(self, n: int, next_norm: RMSNorm) -> torch.Tensor | None:
         """The layer's descriptor (`LY_*` of cpu_kernels.c) for a step of n rows, or None where the
