@@ -2,9 +2,10 @@
 `parrot_decoder_layer` (cpu_kernels.c), which composes the same kernels as the per-op native path
 in the same order, rounding at the same points, so its outputs are that path's bits.
 
-Why: at small batches a decode step was ~270 ctypes calls and ~100 torch ops (4 linears, RoPE,
-the cache write, attention, 2 norms and SiLU*up per layer), each with Python dispatch, argument
-marshalling and an output allocation, and each taking the GIL back in between; fused, Python
+Why: at small batches a decode step's forward pass was 271 ctypes calls (4 linears, RoPE,
+attention, 2 norms and SiLU*up per layer) and ~1,400 aten calls (splits, views, the cache write's
+index_copy_, an output allocation per op), each with Python dispatch and argument marshalling,
+each ctypes call taking the GIL back; fused, Python
 makes one call per layer and the GIL is free for the whole layer (ctypes releases it).
 
 It takes a step when every piece of it is native and the step's attention says every row attends
@@ -18,8 +19,8 @@ the layer's per-op path. `set_fused(model, False)` turns a model's fused layers 
 Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
 and two output buffers from the first layer of a forward pass to its last (layer i's outputs are
 overwritten by layer i + 2: the model's loop holds only the latest; the last layer's outputs stay
-valid after the pass); each layer holds its own descriptor, rebuilt
-when a piece, a weight or its packed copy changes.
+valid after the pass); each layer holds its own descriptor, rebuilt when a piece, a weight or
+its packed copy changes.
 """
 
 from __future__ import annotations
