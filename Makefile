@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint data bench bench-full bench-engine bench-kernels bench-attention serve clean
+# The dashboard's browser test and DAG layout need Debian's chromium and graphviz (`dot`).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -15,6 +18,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+system-deps:
+	@command -v dot >/dev/null && test -x /usr/bin/chromium || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium graphviz; }
 
 demo: install
 	$(BIN)/python -m examples
@@ -27,7 +34,7 @@ lint: install
 	$(BIN)/ruff format --check parrot tests benchmarks examples scripts
 	$(BIN)/mypy
 
-test: install lint
+test: install lint system-deps
 	$(BIN)/python -W error::SyntaxWarning -m pytest tests
 
 data: install
@@ -35,6 +42,13 @@ data: install
 
 bench: data
 	$(BIN)/python -m benchmarks.run --mode quick
+
+# Parrot against request-level serving on each engine (builtin, and vLLM through the adapter):
+# the medians of 3 interleaved repeats (~15-20 min with vLLM's start).
+bench-vllm: data
+	bash scripts/setup_vllm.sh
+	$(BIN)/python -m benchmarks.run --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
+		--repeats 3 --budget-min 60 --no-ablations --out bench_results/apps_vllm
 
 bench-full: data
 	bash scripts/setup_vllm.sh

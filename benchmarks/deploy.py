@@ -26,6 +26,7 @@ from parrot.launch import OpenAIUpstream
 from parrot.protocol.engine_api import EngineStats
 from parrot.protocol.engine_client import EngineClient
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.manager import Manager
 from parrot.web.server_thread import ServerThread
 
 API_KEY = "bench"
@@ -56,6 +57,7 @@ class ManagerServer:
         self.name = name
         self.manager_config = manager
         self._server: ServerThread | None = None
+        self.manager: Manager | None = None
         self.url = ""
 
     @property
@@ -74,7 +76,7 @@ class ManagerServer:
         raise NotImplementedError
 
     def start(self, timeout_s: float = 120.0) -> ManagerServer:
-        manager = create_manager([self._engine()], config=self.manager_config)
+        manager = self.manager = create_manager([self._engine()], config=self.manager_config)
         self._server = ServerThread(
             create_app(manager, connect_engine=connect_engine), graceful_shutdown_s=5, name=f"bench-{self.name}"
         )
@@ -90,6 +92,11 @@ class ManagerServer:
         if self._server is not None:
             self._server.stop()
         self._stop_engine()
+
+    def latency_cap(self) -> int | None:
+        """The manager's latency cap for its engine (calibrated at each heartbeat; any thread)."""
+        handles = list(self.manager.pool.handles.values()) if self.manager is not None else []
+        return min((h.latency_cap for h in handles), default=None)
 
     def wait_idle(self, timeout_s: float = 60.0) -> EngineStats:
         """Until the engine has no running or waiting work (contexts of finished calls are freed later)."""
@@ -165,6 +172,7 @@ class KvMonitor:
         self.last: EngineStats | None = None
         self.peak_blocks_used = 0
         self.peak_running = 0  # sequences the engine ran in one step, at most (sampled)
+        self.latency_caps: list[int] = []  # the manager's latency cap, as sampled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-kv-monitor", daemon=True)
 
@@ -181,6 +189,9 @@ class KvMonitor:
         stats = self.server.stats()
         self.peak_blocks_used = max(self.peak_blocks_used, stats.num_blocks_total - stats.num_blocks_free)
         self.peak_running = max(self.peak_running, stats.num_running)
+        cap = self.server.latency_cap()
+        if cap is not None:
+            self.latency_caps.append(cap)
         return stats
 
     def stop(self) -> None:

@@ -45,12 +45,12 @@ class StepTimer:
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(100, 40000) for _ in range(n)]
 
-    def decode_ms(self, batch: int, steps: int = 12) -> float:
+    def decode_ms(self, batch: int, steps: int = 12, prompt_len: int = 32) -> float:
         """Mean step time with `batch` sequences decoding (the loop thread stopped, steps run here)."""
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
         for c in cids:
-            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self.prompt(32)))
+            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self.prompt(prompt_len)))
         eng.stop()
         sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
         for c in cids:

@@ -8,24 +8,38 @@ baseline for rates.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 MISSING = "—"
 
 
-def value(results: dict[str, Any], scenario: str, config: str, metric: str) -> float | None:
-    """The best (lowest) of the repeats that passed their checks; None if none did."""
-    measured = [
+def measured(results: dict[str, Any], scenario: str, config: str, metric: str) -> list[float]:
+    """The metric of every repeat that passed its checks."""
+    return [
         r["metrics"][metric]
         for r in results["records"]
         if r["scenario"] == scenario and r["config"] == config and "error" not in r and metric in r.get("metrics", {})
     ]
-    return min(measured) if measured else None
+
+
+def value(results: dict[str, Any], scenario: str, config: str, metric: str) -> float | None:
+    """The median of the repeats that passed their checks; None if none did."""
+    runs = measured(results, scenario, config, metric)
+    return statistics.median(runs) if runs else None
+
+
+def fmt_spread(results: dict[str, Any], scenario: str, config: str, metric: str) -> str:
+    """The median, and with several repeats their range: "4.91 (4.80-5.02)"."""
+    runs = measured(results, scenario, config, metric)
+    if len(runs) < 2:
+        return fmt(value(results, scenario, config, metric))
+    return f"{fmt(statistics.median(runs))} ({fmt(min(runs))}-{fmt(max(runs))})"
 
 
 def num_runs(results: dict[str, Any], scenario: str, configs: list[str]) -> int:
-    """The fewest passing runs any of `configs` had of `scenario` (each figure is the best of its runs)."""
+    """The fewest passing runs any of `configs` had of `scenario` (each figure is the median of its runs)."""
     counts = [
         sum(1 for r in results["records"] if r["scenario"] == scenario and r["config"] == c and "error" not in r)
         for c in configs
@@ -116,7 +130,7 @@ def render_table(results: dict[str, Any]) -> str:
                 [
                     s["label"],
                     f"{m['label']} ({m['unit']})",
-                    *map(fmt, values),
+                    *(fmt_spread(results, s["key"], c["key"], m["key"]) for c in configs),
                     *map(fmt_ratio, ratios),
                     str(num_runs(results, s["key"], [c["key"] for c in configs])),
                     str(paper.get(s["paper_key"], MISSING)),
@@ -225,9 +239,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{machine['cpu']}, {machine['num_cpus']} CPUs, torch "
         f"{machine['torch']} with {machine['torch_threads']} threads. Load average (1/5/15 min) "
         f"{' / '.join(f'{x:.2f}' for x in load0)} at the start, {' / '.join(f'{x:.2f}' for x in load1)} at the end "
-        f"(the machine is shared). Wall time {results['wall_s'] / 60:.1f} min. Each figure is the best of its "
-        "runs (column `runs`; other work on the machine only ever adds time): up to "
-        f"{results.get('repeats', 1)}, repeated in reverse configuration order while the time budget allowed.",
+        f"(the machine is shared). Wall time {results['wall_s'] / 60:.1f} min. Each figure is the median of its "
+        "runs (column `runs`), with their range in parentheses when there are several: up to "
+        f"{results.get('repeats', 1)}, interleaved (every configuration of a scenario, then the next scenario, then "
+        "the next repeat in reverse configuration order) while the time budget allowed. Ratios are of medians.",
         "",
         "Times include the simulated network: a round trip (mean "
         f"{results['rtt_ms']['mean']:.0f} ms x {results['rtt_ms']['scale']:g}) per request-level call, one per "

@@ -3,6 +3,8 @@
     python -m benchmarks.run --mode quick               # `make bench`: under 15 minutes on 2 cores
     python -m benchmarks.run --mode full --with-vllm    # every sweep, plus real vLLM (~3 min to start)
     python -m benchmarks.run --only chain_summary map_reduce
+    python -m benchmarks.run --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
+        --repeats 3 --budget-min 60 --no-ablations    # Parrot vs request-level, on each engine: medians of 3
 
 Configurations, all serving the same model with the same dtype, each its own engine in this process:
 - Parrot: the SDK version of each app (the whole DAG submitted at once) on the manager; the engine
@@ -126,6 +128,8 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
                 "prefill_tokens": monitor.num_prefill_tokens,
                 "peak_running": monitor.peak_running,
             }
+            if monitor.latency_caps:  # the manager's latency cap for the engine, lowest and last
+                record["latency_cap"] = [min(monitor.latency_caps), monitor.latency_caps[-1]]
             if server.kv_reported:
                 record["peak_kv_tokens"] = monitor.peak_kv_tokens
         elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
@@ -244,12 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=sorted(SCALES), default="quick")
     parser.add_argument("--with-vllm", action="store_true", help="also run real vLLM (d); ~3 min to start")
+    parser.add_argument("--vllm-startup-s", type=float, default=None, help="how long vLLM may take to start")
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument("--configs", nargs="*", help="configuration keys to run (default: all; e.g. parrot_vllm d)")
     parser.add_argument("--no-ablations", action="store_true")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the best counts")
+    parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the median counts")
     parser.add_argument("--budget-min", type=float, help="no repeat starts that would end after this many minutes")
     parser.add_argument("--rtt-scale", type=float, default=1.0, help="multiply every round trip (0: no network)")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -270,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         vllm = None
         if args.with_vllm:
-            from benchmarks.peers.vllm_server import vllm_server
+            from benchmarks.peers.vllm_server import STARTUP_TIMEOUT_S, vllm_server
 
             print("starting vLLM (minutes) ...", flush=True)
-            vllm = stack.enter_context(vllm_server(dtype=args.dtype))
+            startup_s = args.vllm_startup_s or STARTUP_TIMEOUT_S
+            vllm = stack.enter_context(vllm_server(dtype=args.dtype, startup_timeout_s=startup_s))
         # Baseline (a) first: its engine's step profile sets Parrot's latency target.
         plan = plan_configs(args.model, args.dtype, args.threads, KV_CACHE_BYTES[scale.mode])
         lat = stack.enter_context(running(server_spec(plan, "lat")))
@@ -300,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             servers["parrot_vllm"] = stack.enter_context(running_upstream(over_vllm))
         else:
             plan.unavailable.append("(d) real vLLM and Parrot+vLLM: not requested (pass --with-vllm)")
+        if args.configs:
+            configs = [c for c in configs if c.key in args.configs]
         for spec in plan.specs:
             if spec.name not in servers and any(c.server == spec.name for c in configs):
                 servers[spec.name] = stack.enter_context(running(spec))
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if vllm is not None:
             clients["vllm"] = openai_factory(vllm.base_url, vllm.model)
             client_kind["vllm"] = "openai /v1/completions"
-        if not plan.prefix_field:
+        if not plan.prefix_field and "tput" in servers:
             if cached_prompt_tokens(servers["tput"].url, model, "Repeat after me. " * 64):
                 plan.unavailable.append("(c): the OpenAI routes always reuse prefixes; (b) has it already")
             else:

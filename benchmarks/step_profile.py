@@ -9,6 +9,12 @@ the wall time, the round trips paid, the engine's busy time, and the steps split
 prefill-only and mixed: how many, their time, and their mean rows. Writes
 `bench_results/profile/step_profile.{json,md}`. One run per (workload, configuration): a profile,
 not a benchmark (the ratios belong to `benchmarks.run`).
+
+Then, for the decode-only steps of each run, the same batch alone: right after the run, on the
+same engine in the same process, `benchmarks.kernel_ab.StepTimer` decodes that many sequences of
+the run's mean length with the loop thread stopped (only the step is timed), traced the same way.
+The second table compares medians per batch size, the forward pass (`StepRecord.elapsed_s`) and
+the whole step in the loop thread (scheduling to the events' hand-off, `StepRecord.step_s`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +34,7 @@ from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus
 from benchmarks.configs import plan_configs
 from benchmarks.deploy import LocalServer
+from benchmarks.kernel_ab import StepTimer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
@@ -64,6 +72,75 @@ def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
     return out
 
 
+def decode_batches(trace: list[StepRecord], min_steps: int) -> dict[int, list[StepRecord]]:
+    """Decode-only steps by batch size (rows), the sizes with at least `min_steps` steps."""
+    by_size: dict[int, list[StepRecord]] = {}
+    for r in trace:
+        if kind_of(r) == "decode":
+            by_size.setdefault(r.num_decode, []).append(r)
+    return {n: rs for n, rs in sorted(by_size.items()) if len(rs) >= min_steps}
+
+
+def alone(engine: Any, batch: int, seq_len: int, steps: int = 24) -> list[StepRecord]:
+    """Decode steps of `batch` sequences of about `seq_len` tokens with nothing else running
+    (the warm-up steps and the fills left out)."""
+    engine.start_trace()
+    StepTimer(engine).decode_ms(batch, steps=steps, prompt_len=max(1, seq_len))
+    return [r for r in engine.stop_trace() if kind_of(r) == "decode" and r.num_decode == batch][2:]
+
+
+def compare(app: dict[int, list[StepRecord]], engine: Any) -> list[dict[str, float]]:
+    out = []
+    for n, steps in app.items():
+        seq_len = round(statistics.mean(r.num_kv_tokens for r in steps) / n)
+        solo = alone(engine, n, seq_len)
+        row = {"rows": n, "steps": len(steps), "seq_len": seq_len}
+        for field in ("elapsed_s", "step_s"):
+            for name, records in (("app", steps), ("alone", solo)):
+                values = [getattr(r, field) for r in records]
+                row[f"{name}_{field}"] = statistics.median(values)
+                row[f"{name}_{field}_p20"] = statistics.quantiles(values, n=5)[0]
+        out.append(row)
+    return out
+
+
+def compare_markdown(rows: list[dict[str, Any]]) -> str:
+    head = ["workload", "config", "rows", "steps", "tokens/seq", "forward in app ms", "forward alone ms", "ratio"]
+    head += ["step in app ms", "step alone ms", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        for c in row["decode_vs_alone"]:
+            cells = [row["scenario"], row["config"], str(c["rows"]), str(c["steps"]), str(c["seq_len"])]
+            for field in ("elapsed_s", "step_s"):
+                app, solo = 1000 * c[f"app_{field}"], 1000 * c[f"alone_{field}"]
+                cells += [f"{app:.1f}", f"{solo:.1f}", f"{app / solo:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(rows: list[dict[str, Any]]) -> str:
+    """Over the repeats: per (workload, configuration, batch size), the medians over runs of each
+    run's median step times and of its ratios, at the median and at the 20th percentile (the fast
+    steps: on a machine shared with other work, load bursts slow the median of either side)."""
+    groups: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    for row in rows:
+        for c in row["decode_vs_alone"]:
+            groups.setdefault((row["scenario"], row["config"], c["rows"]), []).append(c)
+    head = ["workload", "config", "rows", "runs", "forward in app ms", "forward alone ms", "ratio", "ratio at p20"]
+    head += ["step in app ms", "step alone ms", "ratio", "ratio at p20"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (scenario, config, n), cs in groups.items():
+        cells = [scenario, config, str(n), str(len(cs))]
+        for field in ("elapsed_s", "step_s"):
+            app = statistics.median(1000 * c[f"app_{field}"] for c in cs)
+            solo = statistics.median(1000 * c[f"alone_{field}"] for c in cs)
+            ratio = statistics.median(c[f"app_{field}"] / c[f"alone_{field}"] for c in cs)
+            fast = statistics.median(c[f"app_{field}_p20"] / c[f"alone_{field}_p20"] for c in cs)
+            cells += [f"{app:.1f}", f"{solo:.1f}", f"{ratio:.2f}x", f"{fast:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = ["workload", "config", "metric", "wall s", "round trips s", "engine busy s"]
     for k in KINDS:
@@ -87,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configs", nargs="+", default=["parrot", "a"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--min-steps", type=int, default=5, help="batch sizes compared alone: this many app steps")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each (workload, configuration), interleaved")
     args = parser.parse_args(argv)
     scale, paper = SCALES["quick"], load_paper_workloads()
     scenarios = all_scenarios(scale, paper, set(args.workloads))
@@ -110,32 +189,33 @@ def main(argv: list[str] | None = None) -> None:
         ctx = bench.Context(scale, corpus, rtt, servers, clients, dict.fromkeys(servers, "openai"), 300.0)
         corpus.documents(1, 0)
         asyncio.run(bench.warm_all({n: s for n, s in servers.items() if n != "lat"}, clients, bench.WARM_PROMPT))
-        for scenario in scenarios:
-            for config in configs:
-                if not bench.applicable(scenario, config):
-                    continue
-                server: LocalServer = servers[config.server]
-                server.engine.engine.start_trace()
-                began = time.perf_counter()
-                record = asyncio.run(bench.run_unit(scenario, config, ctx))
-                wall = time.perf_counter() - began
-                trace = server.engine.engine.stop_trace()
-                metrics = record.get("metrics", {})
-                first = next(iter(metrics.items()), ("error", float("nan")))
-                row = {
-                    "scenario": scenario.key,
-                    "config": config.key,
-                    "metric": f"{first[0]}={first[1]:.3f}" if "error" not in record else record["error"],
-                    "wall_s": wall,
-                    "round_trip_s": record["round_trip_s"],
-                    "busy_s": sum(r.elapsed_s for r in trace),
-                    "kinds": {k: asdict(v) for k, v in summarize(trace).items()},
-                }
-                rows.append(row)
-                print(markdown([row]).splitlines()[-1], flush=True)
+        for scenario, config in [(s, c) for _ in range(args.repeats) for s in scenarios for c in configs]:
+            if not bench.applicable(scenario, config):
+                continue
+            server: LocalServer = servers[config.server]
+            server.engine.engine.start_trace()
+            began = time.perf_counter()
+            record = asyncio.run(bench.run_unit(scenario, config, ctx))
+            wall = time.perf_counter() - began
+            trace = server.engine.engine.stop_trace()
+            metrics = record.get("metrics", {})
+            first = next(iter(metrics.items()), ("error", float("nan")))
+            row = {
+                "scenario": scenario.key,
+                "config": config.key,
+                "metric": f"{first[0]}={first[1]:.3f}" if "error" not in record else record["error"],
+                "wall_s": wall,
+                "round_trip_s": record["round_trip_s"],
+                "busy_s": sum(r.elapsed_s for r in trace),
+                "kinds": {k: asdict(v) for k, v in summarize(trace).items()},
+                "decode_vs_alone": compare(decode_batches(trace, args.min_steps), server.engine.engine),
+            }
+            rows.append(row)
+            print(markdown([row]).splitlines()[-1], flush=True)
+            print(compare_markdown([row]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_profile.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
+    table = markdown(rows) + "\n" + compare_markdown(rows) + "\n" + summary_markdown(rows)
     (args.out / "step_profile.md").write_text(table)
     print(table)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +25,9 @@ def chunk_words(text: str, chunk_len: int = 250) -> list[str]:
 def cli(description: str, run: Callable[[str, str, str], str]) -> None:
     """`python -m examples.<name> --url URL --file DOC`: run the app, print its result and time."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the Parrot manager's base URL")
-    parser.add_argument("--api-key", default="parrot")
+    # `parrot run examples/<name>.py` passes the manager in PARROT_URL / PARROT_API_KEY.
+    parser.add_argument("--url", default=os.environ.get("PARROT_URL", "http://127.0.0.1:8000"), help="the manager")
+    parser.add_argument("--api-key", default=os.environ.get("PARROT_API_KEY", "parrot"))
     parser.add_argument("--file", type=Path, help="a text document (default: a short built-in text)")
     args = parser.parse_args()
     text = args.file.read_text() if args.file else SAMPLE_TEXT

@@ -28,10 +28,31 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "web": ("parrot.engine", "parrot.serve", "parrot.frontend", "parrot.backends", "parrot.text", "torch"),
     "backends": ("parrot.engine", "parrot.serve", "parrot.frontend", "torch", "transformers"),
     "serve": ("parrot.engine", "parrot.frontend", "parrot.backends", "torch", "transformers"),
+    # Integrations are SDK users: the client SDK and the protocol, nothing of the servers.
+    "integrations": (
+        "parrot.engine",
+        "parrot.serve",
+        "parrot.backends",
+        "parrot.web",
+        "parrot.text",
+        "parrot.launch",
+        "parrot.cli",
+        "torch",
+    ),
     # Policies are pure planning: they never reach into runtime state, the HTTP layer or the manager.
     "serve/policy": ("parrot.serve.runtime", "parrot.serve.http", "parrot.serve.manager", "parrot.text", "fastapi"),
     "serve/runtime": ("parrot.serve.http", "parrot.serve.manager", "fastapi"),
     "engine": ("parrot.serve", "parrot.frontend", "parrot.backends"),
+    # The simulator drives the real manager over the engine contract: never the builtin engine.
+    "sim": (
+        "parrot.engine",
+        "parrot.frontend",
+        "parrot.backends",
+        "parrot.launch",
+        "parrot.cli",
+        "torch",
+        "transformers",
+    ),
     # Engine folders as their READMEs say. The model imports torch only: native kernels are a
     # transform applied to a loaded model from outside (parrot.engine.kernels.apply_native).
     "engine/model": (

@@ -3,8 +3,8 @@
 `vllm_server()` owns the server process: it starts it in its own process group on a free
 127.0.0.1 port, waits for `/health`, and on exit stops the server, then kills anything left in
 the group (vLLM forks an engine-core and a worker process). The server runs from the separate
-virtual environment that `scripts/setup_vllm.sh` builds, with prefix caching on (vLLM's default)
-and `cached_tokens` reported in usage.
+virtual environment that `scripts/setup_vllm.sh` builds, with prefix caching on (vLLM's default),
+`cached_tokens` reported in usage, and priority scheduling (`priority` per request, smaller first).
 
 `VLLMPeer` measures through the public HTTP API only, with token-id prompts, so both sides see
 exactly the same tokens:
@@ -93,6 +93,9 @@ def server_command(
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--dtype", dtype, "--max-model-len", "4096"),
         "--enable-prompt-tokens-details",
+        # Requests without a `priority` (plain clients) get 0 and run in arrival order, as under
+        # FCFS; Parrot's adapter sends each call's objective and priority in it.
+        *("--scheduling-policy", "priority"),
         *extra_args,
     ]
 

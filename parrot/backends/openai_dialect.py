@@ -2,7 +2,8 @@
 
 Pure functions, no I/O: the `/v1/completions` request body for a context and its sampling
 settings, one streamed chunk turned into engine-API `TokenEvent`s, an upstream error body turned
-into a `ParrotError`. Unit-testable on hand-written chunks (vLLM's and Parrot's shapes).
+into a `ParrotError`, a call's objective and priority as vLLM's request `priority`. Unit-testable
+on hand-written chunks (vLLM's and Parrot's shapes).
 """
 
 from __future__ import annotations
@@ -15,21 +16,42 @@ from typing import Any
 
 import httpx
 
-from parrot.protocol.engine_api import TokenEvent
+from parrot.protocol.engine_api import TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 from parrot.protocol.openai_api import TOKEN_ID_PREFIX
 from parrot.protocol.sampling import SamplingParams
 
 # An upstream finish reason -> the engine API's; "stop" is split into "eos" / "stop" by the token.
 _FINISH = {"length": "length", "stop": "stop", "abort": "aborted"}
+# vLLM serves smaller `priority` values first; Parrot's priorities lie in [-1000, 1000], so every
+# latency-critical request (at most 1000) goes before every throughput one (at least 1001).
+THROUGHPUT_PRIORITY_BASE = 2001
+
+
+def upstream_priority(objective: Objective, priority: int) -> int:
+    """A call's objective and priority as vLLM's request priority (`--scheduling-policy priority`):
+    latency-critical work first, then the higher Parrot priority, as the builtin engine orders
+    them (it also ages waiting work into the front tier; vLLM does not, the manager's aging does)."""
+    return (0 if objective is Objective.LATENCY else THROUGHPUT_PRIORITY_BASE) - priority
 
 
 def completion_body(
-    model: str, token_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, ask_token_ids: bool
+    model: str,
+    token_ids: Sequence[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    ask_token_ids: bool,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
-    something (`top_k`, `ignore_eos`, `stop_token_ids`), so plain OpenAI servers see plain requests;
-    `ask_token_ids` adds `logprobs: 0` with `return_tokens_as_token_ids` (tokens as ids, vLLM)."""
+    something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`,
+    a non-zero `priority`: vLLM's default is 0, and it refuses any other value unless started with
+    `--scheduling-policy priority`), so plain OpenAI servers see plain requests; `ask_token_ids`
+    adds `logprobs` (0, or the alternatives asked for) with `return_tokens_as_token_ids` (tokens as
+    ids, vLLM). Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises
+    ParrotError (400) for what the upstream cannot be asked: alternatives reported by text only (no
+    token ids to report them with), a choice's score."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -49,10 +71,59 @@ def completion_body(
         body["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.ignore_eos:
         body["ignore_eos"] = True
+    if sampling.presence_penalty:
+        body["presence_penalty"] = sampling.presence_penalty
+    if sampling.frequency_penalty:
+        body["frequency_penalty"] = sampling.frequency_penalty
+    if sampling.repetition_penalty != 1.0:
+        body["repetition_penalty"] = sampling.repetition_penalty
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(t): v for t, v in sampling.logit_bias.items()}
+    if sampling.json_schema is not None:
+        body["structured_outputs"] = {"json": sampling.json_schema}
+    elif sampling.regex is not None:
+        body["structured_outputs"] = {"regex": sampling.regex}
+    elif sampling.choices is not None:
+        body["structured_outputs"] = {"choice": list(sampling.choices)}
+    if sampling.top_logprobs and not ask_token_ids:
+        raise ParrotError(
+            "top_logprobs needs an upstream that reports tokens as ids (vLLM's return_tokens_as_token_ids)",
+            field="sampling.top_logprobs",
+        )
     if ask_token_ids:
-        body["logprobs"] = 0
+        body["logprobs"] = sampling.top_logprobs
         body["return_tokens_as_token_ids"] = True
+    if priority:
+        body["priority"] = priority
     return body
+
+
+def chunk_top_logprobs(choice: dict[str, Any], num_tokens: int) -> list[list[TopLogprob] | None]:
+    """Each token's alternatives under vLLM's `logprobs` ("token_id:<n>" -> logprob; it adds the
+    sampled token to the k asked for), most likely first; None where the upstream sent none."""
+    logprobs = choice.get("logprobs")
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(tops, list) or len(tops) != num_tokens:
+        return [None] * num_tokens
+    out: list[list[TopLogprob] | None] = []
+    for top in tops:
+        if not isinstance(top, dict) or not top:
+            out.append(None)
+            continue
+        entries = [
+            TopLogprob(token_id=int(k[len(TOKEN_ID_PREFIX) :]), logprob=float(v))
+            for k, v in top.items()
+            if isinstance(k, str) and k.startswith(TOKEN_ID_PREFIX) and k[len(TOKEN_ID_PREFIX) :].isdigit()
+        ]
+        out.append(sorted(entries, key=lambda t: -t.logprob) or None)
+    return out
+
+
+def refuses_priority(body: dict[str, Any], status: int, text: str) -> bool:
+    """An upstream that cannot take `priority`: vLLM without priority scheduling (400 "Got priority
+    ... but Priority scheduling is not enabled"), a server that forbids unknown fields (400/422
+    naming it)."""
+    return "priority" in body and status in (400, 422) and "priority" in text.lower()
 
 
 def chunk_token_ids(choice: dict[str, Any]) -> tuple[list[int], list[float | None]] | None:
@@ -98,13 +169,13 @@ class StopRule:
 
 
 def choice_events(
-    choice: dict[str, Any], retokenize: Callable[[str], list[int]] | None, rule: StopRule
+    choice: dict[str, Any], retokenize: Callable[[str], list[int]] | None, rule: StopRule, num_top: int = 0
 ) -> list[TokenEvent]:
     """One streamed choice as engine-API events: one per token, the chunk's text on its last token,
     the finish reason on the last event (a token-less event when the finish came alone).
 
     Without ids from the upstream, the chunk's text is re-tokenized (`retokenize`); those events
-    carry no logprob."""
+    carry no logprob. `num_top`: the alternatives asked for per token (sampling.top_logprobs)."""
     text = str(choice.get("text") or "")
     found = chunk_token_ids(choice)
     if found is not None:
@@ -121,7 +192,12 @@ def choice_events(
     else:
         ids = retokenize(text)
         logprobs = [None] * len(ids)
-    events = [TokenEvent(token_id=t, logprob=lp) for t, lp in zip(ids, logprobs, strict=True)]
+    tops: list[list[TopLogprob] | None] = [None] * len(ids)
+    if num_top and found is not None:
+        tops = [None if t is None else t[:num_top] for t in chunk_top_logprobs(choice, len(ids))]
+    events = [
+        TokenEvent(token_id=t, logprob=lp, top_logprobs=top) for t, lp, top in zip(ids, logprobs, tops, strict=True)
+    ]
     update: dict[str, Any] = {"text": text} if text else {}
     upstream_reason = choice.get("finish_reason")
     if upstream_reason is not None:

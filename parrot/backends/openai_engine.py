@@ -24,14 +24,24 @@ sequence than the upstream's own.
 Events follow the builtin engine's (one per token; `text` what it completes; the last has the
 finish reason, "eos" told from "stop" by the model's EOS ids), except that a finish arriving in a
 chunk of its own (Parrot's own server sends one) comes as a last event without a token. Work on a
-context waits for a generation streaming into it, as the builtin engine queues it. Not
-forwarded: Fill/Generate's objective and priority (an OpenAI request has no such fields).
+context waits for a generation streaming into it, as the builtin engine queues it. A Generate's
+objective and priority travel as vLLM's request `priority` (openai_dialect.upstream_priority;
+served in that order under `--scheduling-policy priority`); an upstream that refuses the field
+gets the request again without it, and no priority from then on (`send_priority`). Sampling
+settings go upstream as OpenAI's fields (penalties, `logit_bias`) or vLLM's (`repetition_penalty`,
+`structured_outputs` for regex / JSON schema / choices, `logprobs` k for `top_logprobs`); what
+cannot be asked is a 400 (openai_dialect.completion_body), never dropped. Not forwarded: a
+choice's score (`choice_logprobs`: the upstream does not report it; the engine API allows its
+absence).
+
 The stats are what the adapter knows: its contexts and running generations, tokens streamed,
 prompt tokens the upstream reported computing (usage minus cached), time between streamed tokens.
 Its "KV blocks" count the token lists it holds against `max_held_tokens` (the manager's prefix
-eviction reads them), not the upstream's KV cache; the step profile is empty (the manager's
-latency cap then stays at its initial value). Every `stats()` asks the upstream for its models,
-so the manager's heartbeats find a dead upstream; an unreachable one raises EngineUnavailable.
+eviction reads them), not the upstream's KV cache. Its step profile is learned from the time per
+output token each stream shows at each number of concurrent generations (tpot_profile.py), so the
+manager calibrates its latency cap for the upstream as for a builtin engine: from measurements,
+not a fixed number. Every `stats()` asks the upstream for its models, so the manager's heartbeats
+find a dead upstream; an unreachable one raises EngineUnavailable.
 
 Owned by one asyncio event loop (the manager's): no locks. `snapshot()` may be read from another
 thread (benchmarks): it reads counters only.
@@ -41,26 +51,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from parrot.backends.openai_dialect import (
     StopRule,
-    choice_events,
     completion_body,
     eos_token_ids,
-    error_status,
-    prompt_usage,
-    sse_chunks,
-    upstream_error,
+    upstream_priority,
 )
+from parrot.backends.openai_stream import UpstreamStreams
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
@@ -72,8 +75,7 @@ from parrot.protocol.engine_api import (
     TokenEvent,
     check_context_ids,
 )
-from parrot.protocol.engine_client import EngineUnavailable
-from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.protocol.errors import ParrotError, not_found
 from parrot.text import Tokenizer, cut_to_text
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
@@ -84,6 +86,7 @@ class _Context:
     token_ids: list[int]  # the parent's (copied at the fork), then its own
     parent_id: str | None = None
     generating: bool = False
+    free_when_idle: bool = False  # freed while generating: dropped when the generation ends
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while not generating
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class OpenAIEngineClient:
     the upstream model card's `root`, when that is a folder here). `max_model_len`: default the
     upstream model card's (vLLM reports it). `ask_token_ids=False` sends plain OpenAI requests
     (for servers that refuse unknown fields); tokens are then always re-tokenized.
+    `send_priority=False` never sends `priority` (else it stops at the first refusal).
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class OpenAIEngineClient:
         max_model_len: int | None = None,
         *,
         ask_token_ids: bool = True,
+        send_priority: bool = True,
         max_held_tokens: int = 1 << 22,
         timeout_s: float = 600.0,
     ) -> None:
@@ -120,28 +125,21 @@ class OpenAIEngineClient:
         self._max_model_len = max_model_len
         self.ask_token_ids = ask_token_ids
         self.max_held_tokens = max_held_tokens
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
+        self._upstream = UpstreamStreams(self.base_url, api_key, timeout_s, send_priority)
         self._info: dict[str, Any] | None = None
         self._tokenizer: Tokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._contexts: dict[str, _Context] = {}
         self._num_held_tokens = 0
-        self._num_running = 0
-        self._num_prefill_tokens = 0
-        self._num_decode_tokens = 0
-        self._num_reused_tokens = 0  # the upstream's cached prompt tokens, as its usage reports them
-        self._tpot_ms = 0.0
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._upstream.aclose()
 
     # ---- what the upstream serves -----------------------------------------------------------------
     async def info(self) -> dict[str, Any]:
         """{"model", "model_folder", "max_model_len"}: from `GET /v1/models` once, then cached."""
         if self._info is None:
-            self._info = self._read_model_card(await self._get("/v1/models"))
+            self._info = self._read_model_card(await self._upstream.get("/v1/models"))
             if self.model_folder is not None:
                 self._tokenizer = Tokenizer(self.model_folder)
                 self._eos_ids = eos_token_ids(self.model_folder, self._tokenizer.eos_token_id)
@@ -171,12 +169,13 @@ class OpenAIEngineClient:
         if self._info is None:
             await self.info()
         else:
-            await self._get("/v1/models")
+            await self._upstream.get("/v1/models")
         return self.snapshot()
 
     def snapshot(self) -> EngineStats:
         """The adapter's counters, without asking the upstream (any thread; after `info()`)."""
         info = self._info or {"model": self._model or "", "max_model_len": self._max_model_len or 0}
+        upstream = self._upstream
         num_blocks_total = max(1, self.max_held_tokens // BLOCK_SIZE)
         return EngineStats(
             model=info["model"],
@@ -185,13 +184,14 @@ class OpenAIEngineClient:
             num_blocks_total=num_blocks_total,
             num_blocks_free=max(0, num_blocks_total - math.ceil(self._num_held_tokens / BLOCK_SIZE)),
             num_contexts=len(self._contexts),
-            num_running=self._num_running,
+            num_running=upstream.num_running,
             num_waiting=0,
-            recent_time_per_output_token_ms=self._tpot_ms,
+            recent_time_per_output_token_ms=upstream.tpot_ms,
             num_steps=0,
-            num_prefill_tokens=self._num_prefill_tokens,
-            num_decode_tokens=self._num_decode_tokens,
-            num_reused_tokens=self._num_reused_tokens,
+            num_prefill_tokens=upstream.num_prefill_tokens,
+            num_decode_tokens=upstream.num_decode_tokens,
+            num_reused_tokens=upstream.num_reused_tokens,
+            step_ms_by_num_tokens=upstream.profile.as_dict(),
         )
 
     # ---- the engine API ---------------------------------------------------------------------------
@@ -235,18 +235,18 @@ class OpenAIEngineClient:
             what = "is empty" if not ctx.token_ids else f"holds the model's limit of {info['max_model_len']} tokens"
             raise ParrotError(f"context {req.context_id!r} {what}: nothing to generate from", field="context_id")
         sampling = req.sampling
+        priority = upstream_priority(req.objective, req.priority) if self._upstream.send_priority else 0
         body = completion_body(
-            info["model"], ctx.token_ids, sampling, min(sampling.max_tokens, room), self.ask_token_ids
+            info["model"], ctx.token_ids, sampling, min(sampling.max_tokens, room), self.ask_token_ids, priority
         )
         rule = StopRule(self._eos_ids, sampling.ignore_eos)
         retokenize = self._tokenizer.encode if self._tokenizer is not None else None
         ctx.generating = True
         ctx.idle.clear()
-        self._num_running += 1
         num_events, start, texts = 0, len(ctx.token_ids), []
         try:
             # Closed explicitly, so an early close here drops the upstream request at once (vLLM aborts it).
-            async with contextlib.aclosing(self._stream(body, rule, retokenize, len(ctx.token_ids))) as events:
+            async with contextlib.aclosing(self._upstream.stream(body, rule, retokenize, len(ctx.token_ids))) as events:
                 async for event in events:
                     if event.token_id is not None and event.finish_reason != "eos":  # EOS stays out of the context
                         ctx.token_ids.append(event.token_id)
@@ -263,7 +263,8 @@ class OpenAIEngineClient:
         finally:
             ctx.generating = False
             ctx.idle.set()
-            self._num_running -= 1
+            if ctx.free_when_idle:
+                self._drop(req.context_id)
 
     def _settle_output(self, last: TokenEvent, ctx: _Context, start: int, text: str) -> TokenEvent:
         """The last event, saying what the context holds: on a stop-string finish the upstream
@@ -275,62 +276,17 @@ class OpenAIEngineClient:
             ctx.token_ids[start + num_kept :] = tail
         return last.model_copy(update={"output_token_ids": ctx.token_ids[start:]})
 
-    async def _stream(
-        self, body: dict[str, Any], rule: StopRule, retokenize: Callable[[str], list[int]] | None, prompt_len: int
-    ) -> AsyncGenerator[TokenEvent, None]:
-        """The upstream's streamed completion as events. The finishing event waits for the end of the
-        stream (the usage chunk and `[DONE]` follow at once), so the connection is reused."""
-        finished: TokenEvent | None = None
-        usage: dict[str, Any] | None = None  # the last reported (some servers report it on every chunk)
-        started = False
-        last_token_at: float | None = None
-        try:
-            async with self._http.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code >= 400:
-                    raise upstream_error(self.base_url, resp.status_code, (await resp.aread()).decode(errors="replace"))
-                async for chunk in sse_chunks(resp, self.base_url):
-                    if isinstance(chunk.get("usage"), dict):
-                        usage = chunk["usage"]
-                    if finished is not None:
-                        continue
-                    if chunk.get("error") is not None:
-                        failure = upstream_error(self.base_url, error_status(chunk), json.dumps(chunk))
-                        if not started:
-                            raise failure  # nothing produced: the caller sees the status
-                        finished = TokenEvent(token_id=None, finish_reason="error", error=failure.message)
-                        continue
-                    choices = [c for c in chunk.get("choices") or [] if isinstance(c, dict) and c.get("index", 0) == 0]
-                    for event in (e for c in choices for e in choice_events(c, retokenize, rule)):
-                        if event.token_id is not None:
-                            now = time.perf_counter()
-                            if last_token_at is not None:
-                                ms = 1000.0 * (now - last_token_at)
-                                self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
-                            last_token_at = now
-                            self._num_decode_tokens += 1
-                        if event.finish_reason is not None:
-                            finished = event
-                            break
-                        started = True
-                        yield event
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
-        num_computed, num_cached = prompt_usage(usage, prompt_len)
-        self._num_prefill_tokens += num_computed
-        self._num_reused_tokens += num_cached
-        if finished is None:
-            raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
-        yield finished
-
     async def renew_lease(self, req: LeaseRequest) -> None:
         """Nothing to hold: the contexts live here, in the manager's process, and die with it."""
 
     async def free_context(self, req: FreeContextRequest) -> None:
+        """As the builtin engine: a context that is generating is freed when its generation ends."""
         ctx = self._contexts.get(req.context_id)
-        if ctx is None:
+        if ctx is None or ctx.free_when_idle:
             raise not_found("context", req.context_id, "context_id")
         if ctx.generating:
-            raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
+            ctx.free_when_idle = True
+            return
         self._drop(req.context_id)
 
     def context_info(self, context_id: str) -> ContextInfo:
@@ -366,15 +322,3 @@ class OpenAIEngineClient:
         ctx = self._contexts.pop(context_id, None)
         if ctx is not None:
             self._num_held_tokens -= len(ctx.token_ids)
-
-    async def _get(self, path: str) -> Any:
-        try:
-            resp = await self._http.get(path)
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
-        if resp.status_code >= 400:
-            raise upstream_error(self.base_url, resp.status_code, resp.text)
-        return resp.json()
-
-    def _unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
-        return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")

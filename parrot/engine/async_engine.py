@@ -10,6 +10,11 @@ Methods raise ParrotError for bad requests before anything changes. `generate` y
 the last one has `finish_reason`; an error before the first token raises ParrotError, one after it
 ends the stream with finish_reason "error". Closing the iterator early (or cancelling its task)
 aborts the generation; the tokens produced so far stay in the context.
+
+Events cross from the engine's loop thread to the callers' event loops once per step: the engine
+hands a step's events over in one call (`LLMEngine.hand_off`) and `_hand_off` schedules one
+callback per event loop that puts each event in its request's queue, so a step of 32 rows wakes
+the loop once, not 32 times.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from parrot.engine.config import EngineConfig
 from parrot.engine.leases import LeaseKeeper
 from parrot.engine.llm_engine import LLMEngine
-from parrot.engine.sched.job import JobEvent
+from parrot.engine.sched.job import JobEvent, StepEvents, deliver
 from parrot.protocol.engine_api import (
     EngineStats,
     FillRequest,
@@ -35,9 +41,48 @@ from parrot.protocol.engine_api import (
 from parrot.protocol.errors import ParrotError
 
 
+class Channel:
+    """One request's events, read on the event loop that submitted it."""
+
+    __slots__ = ("loop", "queue")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+
+    def __call__(self, event: JobEvent) -> None:
+        """A lone event (an error, an abort): outside any step's hand-off."""
+        _wake(self.loop, [(self.queue, event)])
+
+
+def hand_off(events: StepEvents) -> None:
+    """One step's events: one callback per caller event loop; other sinks are called here."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[JobEvent], JobEvent]]] = {}
+    for sink, event in events:
+        if isinstance(sink, Channel):
+            by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+        else:  # an engine-internal sink, or a blocking client's, sharing the engine
+            deliver([(sink, event)])
+    for loop, items in by_loop.items():
+        _wake(loop, items)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[JobEvent], JobEvent]]) -> None:
+    # A closed caller loop raises RuntimeError: nobody is listening any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(put_all, items)
+
+
+def put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    """On the caller's loop: each event into its request's queue, in the step's order."""
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
         self.engine = engine or LLMEngine(config or EngineConfig())
+        self.engine.hand_off = hand_off
         self.leases = LeaseKeeper(self.engine.context_ids, self.engine.free_context)
 
     @property
@@ -58,33 +103,24 @@ class AsyncEngine:
     def stop(self) -> None:
         self.engine.stop()
 
-    def _channel(self) -> tuple[asyncio.Queue[JobEvent], object]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[JobEvent] = asyncio.Queue()
-
-        def sink(event: JobEvent) -> None:
-            # A closed caller loop raises RuntimeError: nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-
-        return queue, sink
-
     async def fill(self, req: FillRequest) -> FillResult:
-        queue, sink = self._channel()
-        self.engine.submit_fill(req, sink)  # type: ignore[arg-type]
-        event = await queue.get()
+        channel = Channel()
+        self.engine.submit_fill(req, channel)
+        event = await channel.queue.get()
         if isinstance(event, ParrotError):
             raise event
         assert isinstance(event, FillResult)
         return event
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        queue, sink = self._channel()
-        job_id = self.engine.submit_generate(req, sink)  # type: ignore[arg-type]
+        if req.sampling.constrained:  # compiled off the event loop (up to seconds); submit finds it cached
+            await asyncio.to_thread(self.engine.grammars.check, req.sampling)
+        channel = Channel()
+        job_id = self.engine.submit_generate(req, channel)
         started = finished = False
         try:
             while True:
-                event = await queue.get()
+                event = await channel.queue.get()
                 if isinstance(event, ParrotError):
                     finished = True
                     if not started:

@@ -55,8 +55,8 @@ class LeaseKeeper:
             self._task = asyncio.get_running_loop().create_task(self._sweep_loop(), name="parrot-leases")
 
     def sweep(self) -> int:
-        """Free the idle contexts of expired leases; a lease none of whose contexts is left ends.
-        Returns how many contexts were freed."""
+        """Free the contexts of expired leases (a busy one when its work ends); a lease none of
+        whose contexts is left ends. Returns how many contexts were freed or will be."""
         num_freed = 0
         for prefix in self.table.expired():
             left = 0
@@ -64,7 +64,7 @@ class LeaseKeeper:
                 try:
                     self._free(FreeContextRequest(context_id=context_id))
                     num_freed += 1
-                except ParrotError:  # work still queued on it (409), or gone already: next sweep
+                except ParrotError:  # gone already
                     left += 1
             if left == 0:
                 self.table.drop(prefix)

@@ -1,10 +1,15 @@
 """LLMEngine, the engine core: request validation, the builtin engine's state and its compute loop thread.
 
+A step: schedule (lock held); the forward pass and sampling (no lock: no request can touch a
+running context, a free of a busy context waits for its work to end); the engine core applies the
+sampled tokens (lock held); the output processor detokenizes, matches stop strings and builds the
+events (`output.py`, no lock); finished generations end (lock held, only when some did); then the
+step's events go out in one `hand_off` call (no lock).
+
 Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
-forward pass, which runs without the lock (its inputs are copied into tensors under the lock, and
-no request can touch a running context: freeing one is refused while it has jobs). The loop blocks
-on `_cv` when there is no work; submissions and frees notify it. Events reach callers through
-each job's sink, called from the loop thread.
+forward pass and the output processor's work on the step's generations (their decoders and stop
+windows belong to the loop thread). The loop blocks on `_cv` when there is no work; submissions
+and frees notify it.
 """
 
 from __future__ import annotations
@@ -15,22 +20,25 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from parrot.engine import kernels
 from parrot.engine.attention.registry import make_backend
 from parrot.engine.config import EngineConfig
-from parrot.engine.generation import accept_token, begin_generation
+from parrot.engine.constraints import Grammars
+from parrot.engine.generation import append_token, begin_generation, end_generations
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.model.loader import load_model, resolve_model_folder
+from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
+from parrot.engine.output import RowOutput, render
 from parrot.engine.runner import ModelRunner
-from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepPlan
+from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepEvents, StepPlan, deliver
 from parrot.engine.sched.scheduler import Scheduler
-from parrot.engine.trace import StepRecord
+from parrot.engine.trace import StepMeter, StepRecord
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
@@ -41,7 +49,7 @@ from parrot.protocol.engine_api import (
     TokenEvent,
     check_context_ids,
 )
-from parrot.protocol.errors import ParrotError, conflict, not_found
+from parrot.protocol.errors import ParrotError, not_found
 from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,58 +65,29 @@ class LLMEngine:
         self.model_name = config.name or (config.model if not Path(config.model).exists() else self.model_folder.name)
         dtype = DTYPES[config.dtype]
         self.model = load_model(self.model_folder, dtype)
-        native = self._apply_native_kernels()
-        mc = self.model.cfg  # auto: on where the kernels run the linears and the attention too
-        auto = native and kernels.paged_decode_supported(dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim)
-        self.batch_invariant = auto if config.batch_invariant is None else config.batch_invariant
-        if self.batch_invariant:  # row-invariant linears; every row through one per-row attention kernel
-            kernels.apply_batch_invariant(self.model)
-            log.info("batch-invariant mode: row-invariant linears, rowwise attention (not %r)", config.attention)
-        attention = "rowwise" if self.batch_invariant else config.attention
+        setup = set_up_model(self.model, config, dtype)
+        native, self.native_kernels, self.batch_invariant = setup.native, setup.native_kernels, setup.batch_invariant
+        mc = self.model.cfg
         self.tokenizer = Tokenizer(self.model_folder)
         self.max_model_len = mc.max_position_embeddings
-        eos = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_ids = frozenset(eos)
-        num_blocks = config.num_blocks or max(
-            1,
-            config.kv_cache_bytes
-            // KVCache.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype),
-        )
+        self.eos_ids = eos_ids(mc, self.tokenizer)
+        self.grammars = Grammars(self.model_folder, mc.vocab_size, self.eos_ids)  # constrained output
+        num_blocks = config.num_blocks or num_kv_blocks(mc, config.kv_cache_bytes, config.block_size, dtype)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         self.pool = BlockPool(num_blocks)
         self.contexts = ContextTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
-        backend = make_backend(attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
+        backend = make_backend(setup.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
         self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, self.batch_invariant)
-        self._cv = threading.Condition()
-        self._job_ids = itertools.count()
+        # Each step's events in one call (loop thread, no lock); AsyncEngine's wakes each caller loop once.
+        self.hand_off: Callable[[StepEvents], None] = deliver
+        self._cv, self._job_ids = threading.Condition(), itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._num_steps = self._num_prefill_tokens = self._num_decode_tokens = 0
-        self._tpot_ms = 0.0
-        self._step_ms: dict[int, float] = {}  # capacity profile: tokens bucket -> EMA of step ms
+        self.meter = StepMeter()
         self._aborted: set[int] = set()  # job ids to end before the next step
-        self._trace: collections.deque[StepRecord] | None = None
-
-    def _apply_native_kernels(self) -> bool:
-        """The native transform, once, when the config asks for it; logs what runs (or why not) and
-        keeps it for stats. Returns whether the kernels run (the backend and sampler use them too)."""
-        if not self.config.cpu_kernels:
-            self.native_kernels = "off"
-            log.info("native CPU kernels off (EngineConfig.cpu_kernels=False): torch ops")
-            return False
-        report = kernels.apply_native(self.model)
-        self.native_kernels = report.status
-        if not report.applied:
-            # A float32 model is a choice (bit-exact runs); a machine without the kernels is news.
-            level = logging.INFO if self.config.dtype != "bfloat16" else logging.WARNING
-            log.log(level, "native CPU kernels %s; running on torch ops", report.status)
-            return False
-        note = f" ({report.note})" if report.note else ""
-        log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)
-        return True
+        self._plan_began = 0.0  # perf_counter() when the step being run was scheduled
+        self._kv_tokens = 0  # while tracing: the step's sequences' lengths after it, summed
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +109,7 @@ class LLMEngine:
                     continue
                 self.scheduler.finish(job)
                 job.emit(ParrotError("engine stopped", status=503))
+            self.contexts.free_released(self.scheduler.busy)
 
     # ---- requests (any thread) ------------------------------------------------------------------
     def submit_fill(self, req: FillRequest, sink: Sink) -> None:
@@ -137,12 +117,13 @@ class LLMEngine:
         self._check_tokens(req.token_ids)
         with self._cv:
             self.scheduler.check_fill(req)
+            self._check_live(req.context_id, req.parent_context_id)
             self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids))
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
-        samples the first token); returns its job id (for `abort`)."""
-        fill = req.fill_part()
+        samples the first token); returns its job id (for `abort`). Constraints compile here, unlocked."""
+        fill, grammar = req.fill_part(), self.grammars.check(req.sampling)
         if fill is not None:
             self._check_tokens(fill.token_ids)
         with self._cv:
@@ -150,17 +131,19 @@ class LLMEngine:
                 check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
             else:
                 self.scheduler.check_fill(fill)
+            self._check_live(req.context_id, req.parent_context_id)
             gen, jobs = req.generate_part(), list[Job]()
             if fill is not None:  # its failure ends the generation; the Generate never forks
                 sink_ = functools.partial(self._fill_ended, jobs=jobs)
                 jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
             job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling)
             jobs.append(job)
-            begin_generation(job, self.tokenizer)
+            begin_generation(job, self.tokenizer, grammar)
             return job.job_id
 
     def _fill_ended(self, event: object, jobs: list[Job]) -> None:
-        """A combined request's fill ended (lock held): on an error the generation ends with it."""
+        """A combined request's fill ended: on an error (emitted with the lock held) the generation
+        ends with it; its FillResult (handed off with the step's events) needs nothing."""
         fill_job, gen = jobs
         if isinstance(event, ParrotError) and not gen.finished:
             self.scheduler.finish(gen)
@@ -175,18 +158,19 @@ class LLMEngine:
             self._cv.notify_all()
 
     def free_context(self, req: FreeContextRequest) -> None:
+        """Free a context and its KV blocks. One with work in progress (its jobs, a fork waiting
+        to read it) is freed when that work ends; from now on it takes no new work and a second
+        free is refused (404), as if it were gone. Unknown ids: 404."""
         with self._cv:
-            ctx = self.contexts.contexts.get(req.context_id)
-            if ctx is None:
+            if req.context_id not in self.contexts or req.context_id in self.contexts.releasing:
                 raise not_found("context", req.context_id, "context_id")
-            if self.scheduler.busy(req.context_id):
-                raise conflict(f"context {req.context_id!r} has work in progress; free it when done", "context_id")
-            self.contexts.free(ctx)
+            self.contexts.releasing.add(req.context_id)
+            self.contexts.free_released(self.scheduler.busy)
 
     def context_ids(self, prefixes: tuple[str, ...]) -> list[str]:
         """The ids of the contexts whose id starts with one of `prefixes`."""
         with self._cv:
-            return [c for c in self.contexts.contexts if c.startswith(prefixes)]
+            return [c for c in self.contexts.contexts if c.startswith(prefixes) and c not in self.contexts.releasing]
 
     def stats(self) -> EngineStats:
         with self._cv:
@@ -199,12 +183,13 @@ class LLMEngine:
                 num_contexts=len(self.contexts.contexts),
                 num_running=len(self.scheduler.running),
                 num_waiting=len(self.scheduler.waiting),
-                recent_time_per_output_token_ms=self._tpot_ms,
-                num_steps=self._num_steps,
-                num_prefill_tokens=self._num_prefill_tokens,
-                num_decode_tokens=self._num_decode_tokens,
+                recent_time_per_output_token_ms=self.meter.tpot_ms,
+                num_steps=self.meter.num_steps,
+                num_prefill_tokens=self.meter.num_prefill_tokens,
+                num_decode_tokens=self.meter.num_decode_tokens,
                 num_reused_tokens=self.scheduler.num_reused_tokens,
-                step_ms_by_num_tokens=dict(self._step_ms),
+                num_preemptions=self.scheduler.num_preemptions,
+                step_ms_by_num_tokens=dict(self.meter.step_ms),
                 native_kernels=self.native_kernels,
                 batch_invariant=self.batch_invariant,
             )
@@ -212,12 +197,12 @@ class LLMEngine:
     def start_trace(self, max_steps: int = 100_000) -> None:
         """Record every step from now on (the most recent `max_steps`), for profiling."""
         with self._cv:
-            self._trace = collections.deque(maxlen=max_steps)
+            self.meter.trace = collections.deque(maxlen=max_steps)
 
     def stop_trace(self) -> list[StepRecord]:
         """The steps recorded since `start_trace`, oldest first; recording stops."""
         with self._cv:
-            trace, self._trace = self._trace, None
+            trace, self.meter.trace = self.meter.trace, None
         return list(trace or ())
 
     def context_info(self, context_id: str) -> ContextInfo:
@@ -233,20 +218,23 @@ class LLMEngine:
             )
 
     # ---- validation helpers (lock held) ------------------------------------------------------
+    def _check_live(self, context_id: str, parent_id: str | None) -> None:
+        """A context being freed takes no new work: 404, as if it were gone already."""
+        if context_id in self.contexts.releasing:
+            raise not_found("context", context_id, "context_id")
+        if parent_id is not None and parent_id in self.contexts.releasing:
+            raise not_found("parent context", parent_id, "parent_context_id")
+
     def _check_tokens(self, token_ids: list[int]) -> None:
         vocab = self.model.cfg.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
 
-    def _register(self, context_id: str, parent_id: str | None) -> None:
-        """A new context is registered at once (a placeholder for a fork until the fork runs)."""
-        if context_id not in self.contexts:
-            self.contexts.contexts[context_id] = Context(context_id, parent_id)
-
     def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
         """Register the request's context (validated by the caller) and queue its job."""
-        self._register(req.context_id, req.parent_context_id)
+        if req.context_id not in self.contexts:  # registered at once (a fork's placeholder until it runs)
+            self.contexts.contexts[req.context_id] = Context(req.context_id, req.parent_context_id)
         job = Job(
             next(self._job_ids),
             kind,
@@ -291,10 +279,13 @@ class LLMEngine:
         """The step's rows in order, after the plan's copy-on-write block copies (lock held)."""
         seqs = self.runner.row_order(plan)
         self.cache.copy_blocks(plan.block_copies)
+        if self.meter.trace is not None:  # the keys the step's rows attend to, for the record
+            self._kv_tokens = sum(self.contexts.get(s.job.context_id).num_computed + s.num_new for s in seqs)
         return seqs
 
     def _run_step(self, plan: StepPlan, seqs: list[ScheduledSeq]) -> None:
-        """The forward pass without the lock, then its results applied under it."""
+        """The forward pass without the lock, the core's bookkeeping under it, the output
+        processor without it, finished generations under it, then one hand-off of the events."""
         t0 = time.perf_counter()
         try:
             tokens, logprobs = self.runner.run(seqs)
@@ -303,10 +294,25 @@ class LLMEngine:
             with self._cv:
                 for s in seqs:
                     self._abort(s.job, ParrotError(f"engine step failed: {exc}", status=500))
+                self.contexts.free_released(self.scheduler.busy)
             return
         elapsed = time.perf_counter() - t0
         with self._cv:
-            self._apply(plan, seqs, tokens, logprobs, elapsed)
+            rows, events = self._apply(plan, seqs, tokens, logprobs, elapsed)
+        for row in rows:
+            render(row)
+        if any(row.finish is not None for row in rows):
+            with self._cv:
+                end_generations(rows, self.contexts, self.scheduler)
+                self.contexts.free_released(self.scheduler.busy)
+        events += [(row.job.sink, row.event) for row in rows if row.event is not None]
+        self.hand_off(events)
+        trace = self.meter.trace
+        if trace is not None:
+            ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
+            num_tokens = sum(s.num_new for s in seqs)
+            step_s = time.perf_counter() - self._plan_began
+            trace.append(StepRecord(t0, elapsed, len(seqs), ones, num_tokens - ones, step_s, self._kv_tokens))
 
     def _next_plan(self, block: bool) -> StepPlan | None:
         """The next plan with rows to compute; None when stopping (blocking) or idle (not)."""
@@ -316,10 +322,13 @@ class LLMEngine:
             if self._aborted:
                 self._end_aborted()
             if self.scheduler.has_work():
+                self._plan_began = time.perf_counter()
                 plan = self.scheduler.schedule()
                 for job, error in plan.failed:
                     self._drop_new_context(job)
                     job.emit(error)
+                # Failures ended work; a fork that started has read its parent.
+                self.contexts.free_released(self.scheduler.busy)
                 if plan.seqs:
                     return plan
                 if plan.failed:
@@ -330,53 +339,43 @@ class LLMEngine:
 
     def _apply(
         self, plan: StepPlan, seqs: list[ScheduledSeq], tokens: list[int], logprobs: list[float], elapsed: float
-    ) -> None:
-        self._num_steps += 1
+    ) -> tuple[list[RowOutput], StepEvents]:
+        """The engine core's half of a step's results (lock held): progress, fills that ended,
+        each sampled token appended. Returns the rows for the output processor and the fills' events."""
         sampled = iter(zip(tokens, logprobs, strict=True))
-        num_decode = 0  # tokens sampled this step
+        rows: list[RowOutput] = []
+        events: StepEvents = []
         decoding = False  # some generation took its next token (not only a fill's hand-over)
         for s in seqs:
             job, ctx = s.job, self.contexts.get(s.job.context_id)
             ctx.num_computed += s.num_new
             if job.kind is JobKind.FILL:
                 job.num_filled += s.num_new - (s.sample_for is not None)  # not the handed-over token
-                self._end_fill_if_done(job)  # before a handed-over Generate appends its token
+                self._end_fill_if_done(job, events)  # before a handed-over Generate appends its token
             # Prompt tokens computed: all of a fill's (a handed-over last token included) and of a
             # generation that has not sampled yet; later, all but the previous step's sampled token
             # (more than one only when a preempted context recomputes).
             prompt_started = job.kind is JobKind.FILL or job.num_generated == 0
-            self._num_prefill_tokens += s.num_new if prompt_started else max(0, s.num_new - 1)
+            self.meter.num_prefill_tokens += s.num_new if prompt_started else max(0, s.num_new - 1)
             if s.sample:
-                num_decode += 1
                 decoding = decoding or s.sample_for is None
                 token, logprob = next(sampled)
                 gen = s.sampler_job
-                event = accept_token(gen, self.contexts, ctx, token, logprob, self.eos_ids, self.max_model_len)
-                if event.finish_reason is not None:
-                    self.scheduler.finish(gen)
-                gen.emit(event)
+                finish = append_token(gen, ctx, token, self.eos_ids, self.max_model_len)
+                rows.append(RowOutput(gen, token, logprob, finish))
         for s in plan.seqs:  # fills with nothing left to compute
             if s.job.kind is JobKind.FILL:
-                self._end_fill_if_done(s.job)
-        num_tokens = sum(s.num_new for s in seqs)
-        if self._trace is not None:
-            ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
-            self._trace.append(StepRecord(time.perf_counter() - elapsed, elapsed, len(seqs), ones, num_tokens - ones))
-        if num_tokens:
-            bucket = 1 << (num_tokens - 1).bit_length()
-            ms = elapsed * 1000.0
-            old = self._step_ms.get(bucket)
-            self._step_ms[bucket] = ms if old is None else 0.8 * old + 0.2 * ms
-        self._num_decode_tokens += num_decode
-        if decoding:  # time per output token: a hand-over's first token is time to first token
-            ms = elapsed * 1000.0
-            self._tpot_ms = ms if self._tpot_ms == 0 else 0.8 * self._tpot_ms + 0.2 * ms
+                self._end_fill_if_done(s.job, events)
+        self.contexts.free_released(self.scheduler.busy)
+        self.meter.count(sum(s.num_new for s in seqs), len(rows), elapsed, decoding)
+        return rows, events
 
-    def _end_fill_if_done(self, job: Job) -> None:
+    def _end_fill_if_done(self, job: Job, events: StepEvents) -> None:
         ctx = self.contexts.get(job.context_id)
         if not job.finished and ctx.num_computed >= job.target:
             self.scheduler.finish(job)
-            job.emit(FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled))
+            result = FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled)
+            events.append((job.sink, result))
 
     def _end_aborted(self) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -385,6 +384,7 @@ class LLMEngine:
                 self._drop_new_context(job)  # a fork that never started leaves only a placeholder
                 job.emit(TokenEvent(token_id=None, finish_reason="aborted", output_token_ids=job.output_token_ids))
         self._aborted.clear()
+        self.contexts.free_released(self.scheduler.busy)
 
     def _abort(self, job: Job, error: ParrotError) -> None:
         if not job.finished:

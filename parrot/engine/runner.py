@@ -11,6 +11,7 @@ import torch
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import ContextTable
+from parrot.engine.logits import start_history
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.sampler import SampleRow, sample
 from parrot.engine.sched.job import ScheduledSeq, StepPlan
@@ -46,31 +47,38 @@ class ModelRunner:
             return [], []
         bs = self.block_size
         ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
         specs: list[SeqSpec] = []
-        pos_parts, slot_parts = [], []
         sample_rows: list[int] = []
         rows: list[SampleRow] = []
-        row = 0
         for s in seqs:
             ctx = self.contexts.get(s.job.context_id)
             start, end = ctx.num_computed, ctx.num_computed + s.num_new
             ids.extend(ctx.tokens[start:end])
-            pos = torch.arange(start, end)
-            table = torch.tensor(ctx.block_table, dtype=torch.long)
-            pos_parts.append(pos)
-            slot_parts.append(table[pos // bs] * bs + pos % bs)
-            specs.append(SeqSpec(s.num_new, end, ctx.block_table))
-            row += s.num_new
+            positions.extend(range(start, end))
+            table, pos = ctx.block_table, start
+            while pos < end:  # one run of slots per block touched, not a Python step per token
+                block, offset = divmod(pos, bs)
+                n = min(bs - offset, end - pos)
+                first = table[block] * bs + offset
+                slots.extend(range(first, first + n))
+                pos += n
+            specs.append(SeqSpec(s.num_new, end, table))
             if s.sample:
                 sample_row = s.sampler_job.sample_row
                 assert sample_row is not None
-                sample_rows.append(row - 1)
+                if sample_row.needs_history:
+                    start_history(sample_row, ctx.tokens[:end], self.model.cfg.vocab_size)
+                sample_rows.append(len(ids) - 1)
                 rows.append(sample_row)
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        positions = torch.cat(pos_parts)
-        self.backend.prepare(specs, torch.cat(slot_parts))
-        hidden = self.model(input_ids, positions, self.backend.forward)
+        # The step's inputs in one copy: ids, positions and KV slots, one row each of [3, N].
+        input_ids, positions_t, slot_mapping = torch.tensor([ids, positions, slots], dtype=torch.long)
+        self.backend.prepare(specs, slot_mapping)
+        hidden = self.model(input_ids, positions_t, self.backend.forward)
         if not sample_rows:
             return [], []
-        logits = self.model.logits(hidden[torch.tensor(sample_rows)], as_float=False)
+        if len(sample_rows) < len(ids):  # a pure decode step samples every row: no gather
+            hidden = hidden[torch.tensor(sample_rows)]
+        logits = self.model.logits(hidden, as_float=False)
         return sample(logits, rows, self.native_sampling, self.row_invariant)

@@ -1,24 +1,25 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs, top
+alternatives; penalties, logit bias and grammar masks on the rows that ask (logits.py).
 
 One pass over the batch's logits [B, V], no Python loop over the vocabulary. Sampling is by inverse
 CDF with one uniform number per row drawn from that request's own generator, so a seeded request
-gives the same tokens whatever it is batched with.
+gives the same tokens whatever it is batched with. Adjusted rows are taken out as float32, adjusted
+and reduced one row at a time, so they too do not depend on the batch, and the other rows keep
+exactly what they would get without them. A logprob (and the top alternatives) is of the adjusted
+distribution before temperature: with a grammar, of the tokens it allows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from parrot.engine import kernels
+from parrot.engine.logits import adjust, observe
+from parrot.engine.sample_row import SampleRow
+from parrot.protocol.engine_api import TopLogprob
 from parrot.protocol.sampling import SamplingParams
 
-
-@dataclass
-class SampleRow:
-    params: SamplingParams
-    generator: torch.Generator | None  # per request; None for greedy
+__all__ = ["SampleRow", "new_generator", "sample"]
 
 
 def new_generator(params: SamplingParams) -> torch.Generator | None:
@@ -49,13 +50,33 @@ def sample(
             lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
         else:
             lse = torch.logsumexp(logits, dim=-1)
+    adjusted = [i for i, r in enumerate(rows) if r.adjusts]
+    if adjusted:
+        # Adjusted rows leave the native pass: float32, adjusted, reduced row by row.
+        sub = logits[torch.tensor(adjusted)].float()
+        adjust(sub, [rows[i] for i in adjusted])
+        logits = logits.float()
+        for j, i in enumerate(adjusted):
+            logits[i] = sub[j]
+            chosen[i] = sub[j].argmax()
+            lse[i] = torch.logsumexp(sub[j], dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         idx = torch.tensor(sampled)
         chosen[idx] = _sample_rows(logits[idx].float(), [rows[i] for i in sampled])
     # log p(chosen) = logit - logsumexp(row): no [B, V] log-softmax tensor.
     picked = logits.gather(1, chosen[:, None]).squeeze(1).float() - lse
-    return chosen.tolist(), picked.tolist()
+    tokens, logprobs = chosen.tolist(), picked.tolist()
+    vocab = logits.shape[-1]
+    for i, r in enumerate(rows):
+        if r.params.top_logprobs:
+            values, ids = torch.topk(logits[i].float(), r.params.top_logprobs)
+            r.top = [
+                TopLogprob(token_id=t, logprob=v) for t, v in zip(ids.tolist(), (values - lse[i]).tolist(), strict=True)
+            ]
+        if r.adjusts:
+            observe(r, tokens[i], logprobs[i], vocab)
+    return tokens, logprobs
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""The engine's optional step trace (`LLMEngine.start_trace` / `stop_trace`): one record a step."""
+"""The engine's step counters, timing averages and optional step trace (`LLMEngine.start_trace`)."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 
@@ -14,3 +15,29 @@ class StepRecord:
     num_seqs: int
     num_decode: int  # rows that were one generated token each
     num_prefill_tokens: int  # every other row (prompt chunks, a fill's last token)
+    step_s: float = 0.0  # the whole step in the loop thread: scheduling to the events' hand-off
+    num_kv_tokens: int = 0  # the step's sequences' lengths after it, summed (keys attended)
+
+
+class StepMeter:
+    """What `LLMEngine.stats` reports about steps, and the trace while one is on. Counted by the
+    loop thread with the engine lock held; a trace record is appended after the step's hand-off."""
+
+    def __init__(self) -> None:
+        self.num_steps = self.num_prefill_tokens = self.num_decode_tokens = 0
+        self.tpot_ms = 0.0  # EMA of decoding steps' forward time: time per output token
+        self.step_ms: dict[int, float] = {}  # capacity profile: tokens bucket -> EMA of step ms
+        self.trace: collections.deque[StepRecord] | None = None
+
+    def count(self, num_tokens: int, num_sampled: int, elapsed_s: float, decoding: bool) -> None:
+        """One step's forward pass: `num_tokens` rows, `num_sampled` tokens sampled; `decoding`
+        when some generation took its next token (a fill's hand-over alone is a first token)."""
+        self.num_steps += 1
+        self.num_decode_tokens += num_sampled
+        ms = elapsed_s * 1000.0
+        if num_tokens:
+            bucket = 1 << (num_tokens - 1).bit_length()
+            old = self.step_ms.get(bucket)
+            self.step_ms[bucket] = ms if old is None else 0.8 * old + 0.2 * ms
+        if decoding:
+            self.tpot_ms = ms if self.tpot_ms == 0 else 0.8 * self.tpot_ms + 0.2 * ms

@@ -1,10 +1,12 @@
 """The client SDK: write LLM applications with Semantic Variables (imports parrot.protocol only).
 
-from parrot.frontend import Session, semantic_function, native_function, Input, Output
+from parrot.frontend import Session, semantic_function, native_function, Input, Output, select
 """
 
-from parrot.frontend.function import Input, Output, SemanticFunction, semantic_function
+from parrot.frontend.function import SemanticFunction, semantic_function
+from parrot.frontend.inputs import Input
 from parrot.frontend.native import NativeFunction, native_function
+from parrot.frontend.outputs import Output, select
 from parrot.frontend.session import AsyncSession, Session
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
@@ -23,5 +25,6 @@ __all__ = [
     "SemanticVariable",
     "Session",
     "native_function",
+    "select",
     "semantic_function",
 ]

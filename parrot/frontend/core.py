@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -48,6 +49,7 @@ class SessionCore:
         self._flusher: asyncio.Task[None] | None = None
         self._natives: set[asyncio.Future[None]] = set()
         self._var_ids = itertools.count()
+        self._vars: weakref.WeakValueDictionary[str, SemanticVariable] = weakref.WeakValueDictionary()
         self.session_id = ""
 
     async def open(self, api_key: str, idle_timeout_s: float | None) -> None:
@@ -74,13 +76,29 @@ class SessionCore:
             seq = self._num_queued + 1
             var = SemanticVariable(self, var_id, name, seq, value)
             self._push(VariableSpec(var_id=var_id, name=name, value=value), [var])
+            self._vars[var_id] = var
         return var
 
-    def submit_call(self, spec: CallSpec, outputs: list[SemanticVariable]) -> None:
+    def lookup(self, var_id: str) -> SemanticVariable:
+        """The variable `var_id` of this session (e.g. named by a marker in text): its object while
+        the application holds it, else a new handle whose reads wait for everything queued now."""
+        var = self._vars.get(var_id)
+        if var is not None:
+            return var
         with self._lock:
-            self._push(spec, outputs)
-            for var in outputs:
-                var._seq = self._num_queued  # reading an output waits for its call to be sent
+            return SemanticVariable(self, var_id, None, self._num_queued)
+
+    def submit_call(self, spec: CallSpec, outputs: list[SemanticVariable]) -> None:
+        self.submit_calls([(spec, outputs)])
+
+    def submit_calls(self, calls: list[tuple[CallSpec, list[SemanticVariable]]]) -> None:
+        """Queue calls together: they reach the server in one batch (the queue is not sent between
+        them), so it sees them all when it plans the first (prefix sharing)."""
+        with self._lock:
+            for spec, outputs in calls:
+                self._push(spec, outputs)
+                for var in outputs:
+                    var._seq = self._num_queued  # reading an output waits for its call to be sent
 
     def _push(self, op: VariableSpec | CallSpec, vars_: list[SemanticVariable]) -> None:
         self._queue.append((op, vars_))
@@ -108,7 +126,11 @@ class SessionCore:
             variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
             calls = [op for op, _ in batch if isinstance(op, CallSpec)]
             try:
-                await self.transport.submit(SubmitRequest(variables=variables, calls=calls))
+                submitted = await self.transport.submit(SubmitRequest(variables=variables, calls=calls))
+                outputs = [vars_ for op, vars_ in batch if isinstance(op, CallSpec)]
+                for info, vars_ in zip(submitted.calls, outputs, strict=True):
+                    for var in vars_:
+                        var._call_id = info.call_id
             except (ParrotError, httpx.HTTPError) as e:
                 error = e if isinstance(e, ParrotError) else ParrotError(f"submit failed: {e}", status=503)
                 log.warning("a batch of %d operations was refused: %s", len(batch), error.message)
@@ -172,6 +194,14 @@ class SessionCore:
         await self.transport.set_variable(var.var_id, value)
         var._value = value
 
+    async def cancel(self, var: SemanticVariable) -> None:
+        await self.flushed(var._seq)
+        if var._error is not None:
+            raise var._error
+        if var._call_id is None:
+            raise ParrotError(f"variable {var.var_id!r} is no call's output: nothing to cancel", field="var_id")
+        await self.transport.cancel_call(var._call_id)
+
     # --- native calls -----------------------------------------------------------------------------
 
     def run_native(self, fn: Callable[..., Any], args: Mapping[str, Any], out: SemanticVariable) -> None:
@@ -181,7 +211,7 @@ class SessionCore:
         async def run() -> None:
             try:
                 values = {
-                    k: (await self.get(v, Criteria.LATENCY, None) if isinstance(v, SemanticVariable) else v)
+                    k: (v.parsed(await self.get(v, Criteria.LATENCY, None)) if isinstance(v, SemanticVariable) else v)
                     for k, v in args.items()
                 }
                 if inspect.iscoroutinefunction(fn):

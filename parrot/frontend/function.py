@@ -11,8 +11,11 @@
 
 Parameters annotated `Output` (or defaulting to an `Output(...)`) are outputs, every other parameter
 is an input; they must match the template's placeholders exactly. An input takes a SemanticVariable
-of the same session or a plain value (sent inline); an output may be given an existing, unset
-variable to write. One output returns one variable, several return a tuple in parameter order.
+of the same session, a plain value (sent inline), text with variables in it (`f"Title: {title}"`)
+or a list (numbered lines, or as its `Input(...)` says: inputs.py); an output may be given an
+existing, unset variable to write. One output returns one variable, several return a tuple in
+parameter order; `fn.samples(n, ...)` makes n calls sharing one filled prompt and returns a list.
+Outputs may be constrained (regex, choices, a JSON schema) and typed (outputs.py).
 
 Sampling settings merge in layers (sampling.py): the function's `sampling=`, then each output's
 `Output(...)`, then a call's `with_sampling(...)`; each level overrides only the fields it sets.
@@ -26,32 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 from parrot.frontend.core import SessionCore, current_core
+from parrot.frontend.inputs import Input, Part, bind_inputs, parts_of
+from parrot.frontend.outputs import Output, check_one_constraint, named
 from parrot.frontend.sampling import SamplingLike, Settings, merge, settings_of
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import Binding, CallSpec
+from parrot.protocol.public_api import MAX_BATCH_CALLS, Binding, CallSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import parse_template
 
-
-class Input:
-    """Marks a parameter as an input placeholder (unmarked parameters are inputs too)."""
-
-
-class Output:
-    """Marks a parameter as an output placeholder and carries its sampling settings.
-
-    `Output(max_tokens=40, stop=["\\n"])` or `Output(SamplingParams(...))`: only the fields given
-    override the function's `sampling=`; `Output()` takes the function's settings as they are.
-    """
-
-    def __init__(self, sampling: SamplingLike | None = None, **settings: Any) -> None:
-        if sampling is not None and settings:
-            raise TypeError("give either a SamplingParams or keyword settings, not both")
-        self.settings: Settings = settings_of(sampling if sampling is not None else settings, "Output")
-
-    def __repr__(self) -> str:
-        return f"Output({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
+__all__ = ["Input", "Output", "SemanticFunction", "current_session_core", "semantic_function"]
 
 
 def current_session_core() -> SessionCore:
@@ -72,10 +59,11 @@ class SemanticFunction:
         outputs: Mapping[str, Output | SamplingLike | None],
         sampling: SamplingLike | None = None,
         model: str | None = None,
+        input_styles: Mapping[str, Input] | None = None,
     ) -> None:
         self.name = name
         self.template = template
-        parsed = parse_template(template, field=f"{name}.template")
+        self._parsed = parsed = parse_template(template, field=f"{name}.template")
         if set(parsed.input_names) != set(inputs):
             raise ParrotError(
                 f"{name}: the template's inputs {sorted(parsed.input_names)} do not match the parameters "
@@ -90,6 +78,12 @@ class SemanticFunction:
             )
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self._input_styles = {n: (input_styles or {}).get(n) or Input() for n in self.inputs}  # how lists render
+        self._parsers = {
+            out: named(setting.parse, out)
+            for out, setting in outputs.items()
+            if isinstance(setting, Output) and setting.parse is not None
+        }
         # The sampling levels, lowest first (see sampling.py); `with_sampling` adds the call's.
         self._function_settings = settings_of(sampling, f"{self.name}.sampling")
         self._output_settings = {
@@ -108,15 +102,13 @@ class SemanticFunction:
     @property
     def sampling(self) -> dict[str, SamplingParams]:
         """Each output's settings: function, `Output(...)`, the call's, the call's for that output."""
-        return {
-            out: merge(
-                self._function_settings,
-                self._output_settings[out],
-                self._call_settings,
-                self._call_output_settings.get(out, {}),
-            )
-            for out in self.outputs
-        }
+        merged = {}
+        for out in self.outputs:
+            levels = [self._function_settings, self._output_settings[out], self._call_settings]
+            levels.append(self._call_output_settings.get(out, {}))
+            check_one_constraint({k: v for level in levels for k, v in level.items()}, f"{self.name}.{out}")
+            merged[out] = merge(*levels)
+        return merged
 
     def with_sampling(self, *, outputs: Mapping[str, SamplingLike] | None = None, **settings: Any) -> SemanticFunction:
         """This function with sampling overrides for the calls made through it, above every other
@@ -148,7 +140,30 @@ class SemanticFunction:
         """Submit the call in the active session; returns its output variable(s) at once."""
         return self.invoke(current_session_core(), *args, **kwargs)
 
+    def samples(self, n: int, *args: Any, **kwargs: Any) -> list[Any]:
+        """`n` calls with the same inputs, submitted in one batch: a list of `n` results (each what
+        one call returns). They share one prompt: the manager fills it once and forks it for each
+        call (prefix sharing). With a `seed`, sample i uses seed + i, so the samples differ and
+        each is reproducible; sample at a temperature above 0 for different texts."""
+        if not isinstance(n, int) or not 1 <= n <= MAX_BATCH_CALLS:
+            raise ParrotError(f"{self.name}.samples: n must be 1..{MAX_BATCH_CALLS}, not {n!r}", field="n")
+        given_outputs = sorted(set(kwargs) & set(self.outputs))
+        if given_outputs:
+            raise TypeError(f"{self.name}.samples() makes its own outputs; got {given_outputs[0]!r}")
+        core = current_session_core()
+        calls = [self._prepare(core, args, kwargs, seed_offset=i) for i in range(n)]
+        core.submit_calls(calls)
+        return [outs[0] if len(outs) == 1 else tuple(outs) for _, outs in calls]
+
     def invoke(self, core: SessionCore, *args: Any, **kwargs: Any) -> Any:
+        spec, out_vars = self._prepare(core, args, kwargs)
+        core.submit_call(spec, out_vars)
+        return out_vars[0] if len(out_vars) == 1 else tuple(out_vars)
+
+    def _prepare(
+        self, core: SessionCore, args: Sequence[Any], kwargs: Mapping[str, Any], seed_offset: int = 0
+    ) -> tuple[CallSpec, list[SemanticVariable]]:
+        """The call's spec and its output variables (created, not yet submitted)."""
         if len(args) > len(self.inputs):
             raise TypeError(f"{self.name}() takes {len(self.inputs)} positional inputs, got {len(args)}")
         given: dict[str, Any] = dict(zip(self.inputs, args, strict=False))
@@ -161,16 +176,18 @@ class SemanticFunction:
         missing = [n for n in self.inputs if n not in given]
         if missing:
             raise TypeError(f"{self.name}() is missing inputs {missing}")
-        bindings: dict[str, Binding] = {}
+        parts: dict[str, list[Part]] = {}
         for name in self.inputs:
-            value = given[name]
-            if isinstance(value, SemanticVariable):
-                _check_same_session(value, core, name)
-                bindings[name] = Binding(var_id=value.var_id)
-            elif isinstance(value, str | int | float) and not isinstance(value, bool):
-                bindings[name] = Binding(value=str(value))
-            else:
-                raise TypeError(f"{self.name}(): input {name!r} takes a SemanticVariable or text, not {type(value)}")
+            if isinstance(given[name], SemanticVariable):
+                _check_same_session(given[name], core, name)
+            parts[name] = parts_of(given[name], self._input_styles[name], f"{self.name}(): input {name!r}")
+        template, bindings = bind_inputs(self.template, self._parsed, parts, core.session_id, f"{self.name}.template")
+        sampling = self.sampling
+        if seed_offset:
+            sampling = {
+                out: s if s.seed is None else s.model_copy(update={"seed": (s.seed + seed_offset) % 2**63})
+                for out, s in sampling.items()
+            }
         out_vars: list[SemanticVariable] = []
         for name in self.outputs:
             var = given.get(name)
@@ -180,18 +197,18 @@ class SemanticFunction:
                 raise TypeError(f"{self.name}(): output {name!r} takes a SemanticVariable to write, not {type(var)}")
             else:
                 _check_same_session(var, core, name)
+            var._parse = self._parsers.get(name)
             bindings[name] = Binding(var_id=var.var_id)
             out_vars.append(var)
         spec = CallSpec(
-            template=self.template,
+            template=template,
             bindings=bindings,
-            sampling=self.sampling,
+            sampling=sampling,
             default_sampling=self.default_sampling,
             model=self.model,
             name=self.name,
         )
-        core.submit_call(spec, out_vars)
-        return out_vars[0] if len(out_vars) == 1 else tuple(out_vars)
+        return spec, out_vars
 
 
 def _check_same_session(var: SemanticVariable, core: SessionCore, name: str) -> None:
@@ -229,6 +246,7 @@ def semantic_function(
         except (NameError, TypeError):
             sig = inspect.signature(f)
         inputs: list[str] = []
+        styles: dict[str, Input] = {}
         outputs: dict[str, Output | None] = {}
         for param in sig.parameters.values():
             annotation = param.annotation
@@ -238,6 +256,8 @@ def semantic_function(
                 outputs[param.name] = param.default if isinstance(param.default, Output) else None
             else:
                 inputs.append(param.name)
-        return SemanticFunction(f.__name__, text, inputs, outputs, sampling, model)
+                if isinstance(param.default, Input):
+                    styles[param.name] = param.default
+        return SemanticFunction(f.__name__, text, inputs, outputs, sampling, model, styles)
 
     return wrap(fn) if fn is not None else wrap

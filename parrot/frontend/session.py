@@ -8,7 +8,8 @@
         print(await summarize(doc).aget())
 
 `Session` runs the SDK's event loop in a background thread, so plain synchronous code can submit
-thousands of calls without blocking on the network; `AsyncSession` uses the caller's loop. Leaving
+thousands of calls without blocking on the network; `AsyncSession` uses the caller's loop.
+`max_retries` and `backoff_s` set the transport's retries of transient faults (transport.py). Leaving
 the block sends what is queued and deletes the session on the server (freeing its contexts).
 """
 
@@ -52,12 +53,20 @@ class _SessionBase:
 
 class Session(_SessionBase):
     def __init__(
-        self, base_url: str, api_key: str = "parrot", *, idle_timeout_s: float | None = None, batch_size: int = 512
+        self,
+        base_url: str,
+        api_key: str = "parrot",
+        *,
+        idle_timeout_s: float | None = None,
+        batch_size: int = 512,
+        max_retries: int = 4,
+        backoff_s: float = 0.25,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="parrot-session", daemon=True)
         self._thread.start()
-        self.core = SessionCore(ApiTransport(base_url), self._loop, batch_size)
+        transport = ApiTransport(base_url, max_retries=max_retries, backoff_s=backoff_s)
+        self.core = SessionCore(transport, self._loop, batch_size)
         try:
             self._run(self.core.open(api_key, idle_timeout_s))
         except BaseException:
@@ -112,8 +121,17 @@ class Session(_SessionBase):
 
 class AsyncSession(_SessionBase):
     def __init__(
-        self, base_url: str, api_key: str = "parrot", *, idle_timeout_s: float | None = None, batch_size: int = 512
+        self,
+        base_url: str,
+        api_key: str = "parrot",
+        *,
+        idle_timeout_s: float | None = None,
+        batch_size: int = 512,
+        max_retries: int = 4,
+        backoff_s: float = 0.25,
     ) -> None:
+        self._max_retries = max_retries
+        self._backoff_s = backoff_s
         self._base_url = base_url
         self._api_key = api_key
         self._idle_timeout_s = idle_timeout_s
@@ -131,7 +149,8 @@ class AsyncSession(_SessionBase):
         await self.close()
 
     async def open(self) -> None:
-        self.core = SessionCore(ApiTransport(self._base_url), asyncio.get_running_loop(), self._batch_size)
+        transport = ApiTransport(self._base_url, max_retries=self._max_retries, backoff_s=self._backoff_s)
+        self.core = SessionCore(transport, asyncio.get_running_loop(), self._batch_size)
         try:
             await self.core.open(self._api_key, self._idle_timeout_s)
         except BaseException:

@@ -2,10 +2,12 @@
 
 Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field); a
 manager that cannot be reached becomes ParrotError(503). Transient faults are retried with
-exponential backoff (`max_retries`): a request that never reached the server (connection refused
-or timed out while connecting) always; a read (GET, DELETE) also after a dropped connection or a
-429/502/503/504 answer (honouring Retry-After). A submit or a set that may have arrived is never
-repeated: it is not idempotent.
+exponential backoff (`max_retries`, `backoff_s` doubling up to 10 s, or the answer's Retry-After):
+a request that never reached the server (connection refused or timed out while connecting) always;
+a read (GET, DELETE) also after a dropped connection or a 429/502/503/504 answer. A submit or a set
+is repeated only when the manager itself refused it with 429 (a quota) or 503 (no live engine,
+shutting down): its error body says it applied nothing (a batch is all or nothing). After a
+dropped connection, or a 5xx from something else (a proxy), it may have arrived: not repeated.
 """
 
 from __future__ import annotations
@@ -46,15 +48,15 @@ class ApiTransport:
         self.backoff_s = backoff_s
         self.num_retries = 0  # requests sent again after a transient fault
 
-    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> httpx.Response:
         """One request, retried on transient faults (module docstring); ParrotError(503) if the
-        manager stays unreachable."""
+        manager stays unreachable. `stream`: the body is left unread (the caller closes it)."""
         idempotent = method in ("GET", "DELETE")
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             delay = min(_MAX_BACKOFF_S, self.backoff_s * 2**attempt)
             try:
-                resp = await self._http.request(method, path, **kw)
+                resp = await self._http.send(self._http.build_request(method, path, **kw), stream=stream)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server
                 if last:
                     raise ParrotError(f"cannot reach the manager at {self.base_url}: {e}", status=503) from e
@@ -64,8 +66,13 @@ class ApiTransport:
                         f"the connection to the manager failed: {type(e).__name__}: {e}", status=503
                     ) from e
             else:
-                if last or not idempotent or resp.status_code not in _RETRY_STATUSES:
+                status = resp.status_code
+                if stream and status in _RETRY_STATUSES:
+                    await resp.aread()  # an error body, short: read to tell the manager's from a proxy's
+                refused = status in (429, 503) and _is_parrot_error(resp)  # nothing was applied
+                if last or status not in _RETRY_STATUSES or not (idempotent or refused):
                     return resp
+                await resp.aclose()
                 retry_after = resp.headers.get("retry-after", "")
                 delay = min(_MAX_BACKOFF_S, float(retry_after)) if retry_after.isdigit() else delay
             self.num_retries += 1
@@ -113,7 +120,8 @@ class ApiTransport:
     async def stream_variable(self, var_id: str, criteria: Criteria) -> AsyncIterator[str]:
         path = self._path(f"/variables/{var_id}/stream")
         params = {"criteria": criteria.value}
-        async with self._http.stream("GET", path, params=params, headers=self._headers) as resp:
+        resp = await self._request("GET", path, stream=True, params=params, headers=self._headers)
+        try:
             if resp.status_code >= 400:
                 await resp.aread()
                 _checked(resp)
@@ -126,7 +134,12 @@ class ApiTransport:
                 if chunk.done:
                     return
                 yield chunk.text
+        finally:
+            await resp.aclose()
         raise ParrotError("the variable stream ended without a last line", status=502)
+
+    async def cancel_call(self, call_id: str) -> None:
+        _checked(await self._request("DELETE", self._path(f"/calls/{call_id}"), headers=self._headers))
 
     async def list_variables(self) -> VariableList:
         resp = await self._request("GET", self._path("/variables"), headers=self._headers)
@@ -134,6 +147,16 @@ class ApiTransport:
 
     def _path(self, tail: str) -> str:
         return f"/v1/sessions/{self.session_id}{tail}"
+
+
+def _is_parrot_error(resp: httpx.Response) -> bool:
+    """The answer is the manager's own error body (ParrotError.to_dict), not a proxy's."""
+    try:
+        body = resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("status") == resp.status_code
 
 
 def _checked(resp: httpx.Response) -> Any:

@@ -4,19 +4,27 @@ A variable is created at once, in the client, when a function is called or `sess
 asked for; its creation reaches the server with the next batch. Reading it (`get`, `aget`,
 `stream`, `astream`) waits on the server; `set` gives an input its value. The sync methods may be
 called from any thread except the session's own event loop (there, use the `a...` forms).
+
+`str(var)` is a marker naming the variable (markers.py): text holding it, given to a semantic
+call's input, makes the variable that input's dependency. A typed output (`Output(schema=Model)`)
+reads as the parsed value; `stream` always yields the text. `cancel` stops the call producing it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Generic, Protocol, cast
 
+from typing_extensions import TypeVar
+
+from parrot.frontend.markers import VarRef, marker
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
 
 T = TypeVar("T")
+V = TypeVar("V", default=str)  # what `get` returns: the text, or a typed output's parsed value
 _END = object()
 
 
@@ -25,15 +33,18 @@ class VariableOwner(Protocol):
     requests run on, and the three requests on one variable."""
 
     loop: asyncio.AbstractEventLoop
+    session_id: str
 
-    async def get(self, var: SemanticVariable, criteria: Criteria, timeout: float | None) -> str: ...
+    async def get(self, var: SemanticVariable[Any], criteria: Criteria, timeout: float | None) -> str: ...
 
-    def stream(self, var: SemanticVariable, criteria: Criteria) -> AsyncIterator[str]: ...
+    def stream(self, var: SemanticVariable[Any], criteria: Criteria) -> AsyncIterator[str]: ...
 
-    async def set(self, var: SemanticVariable, value: str) -> None: ...
+    async def set(self, var: SemanticVariable[Any], value: str) -> None: ...
+
+    async def cancel(self, var: SemanticVariable[Any]) -> None: ...
 
 
-class SemanticVariable:
+class SemanticVariable(Generic[V]):
     def __init__(self, core: VariableOwner, var_id: str, name: str | None, seq: int, value: str | None = None) -> None:
         self._core = core
         self.var_id = var_id
@@ -41,6 +52,15 @@ class SemanticVariable:
         self._seq = seq  # queue position of the last operation that defines it (creation, or its call)
         self._value = value  # known locally: set by this client, or read once
         self._error: ParrotError | None = None  # its creation was refused
+        self._call_id: str | None = None  # the call producing it, once the server named it
+        self._parse: Callable[[str], Any] | None = None  # a typed output's parser
+
+    def __str__(self) -> str:
+        return marker(self._core.session_id, self.var_id)
+
+    @property
+    def ref(self) -> VarRef:
+        return VarRef(self._core.session_id, self.var_id)
 
     def __repr__(self) -> str:
         state = "ready" if self._value is not None else "pending"
@@ -53,13 +73,18 @@ class SemanticVariable:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    def get(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> str:
-        """Block until the value is ready and return it; raises the variable's ParrotError if its
-        producer failed, and ParrotError(408) after `timeout` seconds."""
-        return self._run(self._core.get(self, Criteria(criteria), timeout))
+    def get(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> V:
+        """Block until the value is ready and return it (a typed output's parsed value); raises the
+        variable's ParrotError if its producer failed, and ParrotError(408) after `timeout` seconds."""
+        return self.parsed(self._run(self._core.get(self, Criteria(criteria), timeout)))
 
-    async def aget(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> str:
-        return await self._arun(self._core.get(self, Criteria(criteria), timeout))
+    async def aget(self, criteria: Criteria | str = Criteria.LATENCY, timeout: float | None = None) -> V:
+        return self.parsed(await self._arun(self._core.get(self, Criteria(criteria), timeout)))
+
+    def parsed(self, text: str) -> V:
+        """`text` as this variable reads: parsed for a typed output (ParrotError 502 naming the
+        output if it does not parse), else as it is."""
+        return cast(V, text if self._parse is None else self._parse(text))
 
     async def astream(self, criteria: Criteria | str = Criteria.LATENCY) -> AsyncIterator[str]:
         """Text chunks as the producer generates them (the whole value at once if already set)."""
@@ -107,6 +132,16 @@ class SemanticVariable:
 
     async def aset(self, value: str) -> None:
         await self._arun(self._core.set(self, value))
+
+    # --- cancelling -------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Cancel the call producing this variable: its outputs fail (410), its engine work stops
+        and its context is freed; consumers fail (424). 409 if it finished already."""
+        self._run(self._core.cancel(self))
+
+    async def acancel(self) -> None:
+        await self._arun(self._core.cancel(self))
 
     # --- bridging to the session's loop -----------------------------------------------------------
 

@@ -103,6 +103,11 @@ class GenerateRequest(_Req):
         return self.model_copy(update={"token_ids": [], "parent_context_id": None, "append": False})
 
 
+class TopLogprob(_Msg):
+    token_id: int
+    logprob: float
+
+
 class TokenEvent(_Msg):
     """One streamed step of a generation. The last event has `finish_reason` set.
 
@@ -114,6 +119,11 @@ class TokenEvent(_Msg):
     an EOS is not appended and, on a stop-string finish, the tokens from the one where the stop
     string begins are cut and the text of that token before the stop is re-tokenized. None (an
     engine that does not say): the streamed token ids, an EOS excepted. Set on the last event only.
+
+    `top_logprobs`: with `SamplingParams.top_logprobs` k > 0, the k most likely tokens at this
+    step, most likely first (of the distribution `logprob` is taken from). `choice_logprobs`: with
+    `SamplingParams.choices`, on the last event, each choice's log-probability where it is known
+    (the chosen one's: the sum of its tokens' logprobs).
     """
 
     token_id: int | None
@@ -122,6 +132,8 @@ class TokenEvent(_Msg):
     finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted"
     error: str | None = None
     output_token_ids: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+    choice_logprobs: dict[str, float] | None = None
 
 
 class FreeContextRequest(_Req):
@@ -172,9 +184,12 @@ class EngineStats(_Msg):
     num_prefill_tokens: int
     num_decode_tokens: int
     num_reused_tokens: int = 0
+    num_preemptions: int = 0  # running generations sent back to waiting to free KV blocks
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.
+    # An adapter of a server that shows no steps (OpenAI-compatible) reports the median gap
+    # between a stream's tokens by the number of generations streaming at once (tpot_profile.py).
     step_ms_by_num_tokens: dict[int, float] = Field(default_factory=dict)
     # The builtin engine's native CPU kernels: the instruction sets they run on ("avx512_bf16",
     # "avx512_bf16+amx"), "off" (its config turned them off), or "unavailable: <reason>" (no C

@@ -45,7 +45,8 @@ class EngineClient(Protocol):
         ...
 
     async def free_context(self, req: FreeContextRequest) -> None:
-        """Release a context; 409 while work on it is pending."""
+        """Release a context; one with work pending is released when that work ends and takes
+        no new work meanwhile (404, as if gone). 404 for an unknown id."""
         ...
 
     async def stats(self) -> EngineStats: ...

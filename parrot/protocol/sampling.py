@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
+MAX_TOP_LOGPROBS = 20  # alternatives reported per token (OpenAI's limit)
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+MAX_JSON_SCHEMA_CHARS = 65536  # a JSON schema's size, serialized
+MAX_CHOICE_LEN = 1024  # characters of one of `choices`
 
 
 class SamplingParams(BaseModel):
@@ -26,6 +33,20 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
+    # Constrained output (at most one): the text matches `regex`, parses as JSON valid against
+    # `json_schema`, or is exactly one of `choices`.
+    regex: str | None = Field(default=None, min_length=1, max_length=4096)
+    json_schema: dict[str, Any] | None = None
+    choices: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    # Each generated token's `top_logprobs` most likely alternatives are reported with it.
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    # OpenAI's penalties on the output so far: logit -= presence * [count > 0] + frequency * count.
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    # vLLM's (CTRL's): a positive logit of a token in the prompt or output is divided by it, a
+    # negative one multiplied; 1 disables it.
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS)
 
     @field_validator("stop")
     @classmethod
@@ -41,6 +62,50 @@ class SamplingParams(BaseModel):
         if any(t < 0 for t in ids):
             raise ValueError("token ids must be >= 0")
         return ids
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, bias: dict[int, float]) -> dict[int, float]:
+        for token_id, value in bias.items():
+            if token_id < 0:
+                raise ValueError("logit_bias: token ids must be >= 0")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias: each bias must be within [-100, 100] (token {token_id}: {value})")
+        return bias
+
+    @field_validator("choices")
+    @classmethod
+    def _check_choices(cls, choices: list[str] | None) -> list[str] | None:
+        if choices is not None and any(not c or len(c) > MAX_CHOICE_LEN for c in choices):
+            raise ValueError(f"choices: each choice must have 1..{MAX_CHOICE_LEN} characters")
+        return choices
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_schema_size(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None and len(json.dumps(schema)) > MAX_JSON_SCHEMA_CHARS:
+            raise ValueError(f"json_schema: at most {MAX_JSON_SCHEMA_CHARS} characters serialized")
+        return schema
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingParams:
+        named = [n for n in ("regex", "json_schema", "choices") if getattr(self, n) is not None]
+        if len(named) > 1:
+            raise ValueError(f"at most one of regex, json_schema and choices (got {', '.join(named)})")
+        if named and self.ignore_eos:
+            raise ValueError(f"{named[0]} ends the output where the constraint is met: ignore_eos cannot be set")
+        return self
+
+    @property
+    def constrained(self) -> bool:
+        return self.regex is not None or self.json_schema is not None or self.choices is not None
+
+    @property
+    def penalized(self) -> bool:
+        """Some logit adjustment depends on the tokens so far (or on a fixed bias)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+        )
 
     @property
     def greedy(self) -> bool:

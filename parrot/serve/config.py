@@ -44,9 +44,6 @@ class ManagerConfig:
     # Pipelining: fill a waiting call's ready prompt prefix before its missing inputs arrive.
     early_fill: bool = True
     max_early_filled_calls_per_engine: int = 256
-    # A context is freed once the engine has finished the work queued on it (a generation whose
-    # reader went away runs to its end); the free is retried with backoff for this long.
-    free_timeout_s: float = 600.0
     # Shutdown (SIGTERM/SIGINT): new work gets 503 while in-flight calls may finish for this long;
     # then every session closes (pending gets and streams end with a 410 error) and contexts free.
     shutdown_grace_s: float = 30.0
@@ -107,7 +104,6 @@ class ManagerConfig:
             "max_calls_per_session",
             "max_body_bytes",
             "max_running_calls_per_engine",
-            "free_timeout_s",
             "shutdown_grace_s",
             "call_deadline_s",
             "min_prefix_tokens",

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from parrot.protocol.public_api import (
     VariableValue,
 )
 from parrot.protocol.template import ParsedTemplate, parse_template
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.batches import batch_chars, stage_batch, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
@@ -44,6 +44,7 @@ from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
 from parrot.serve.runtime.graph import CallNode, StagedBatch
 from parrot.serve.runtime.health import HealthMonitor
+from parrot.serve.runtime.metrics import ServeMetrics
 from parrot.serve.runtime.prefix_cache import PrefixCache
 from parrot.serve.runtime.session import Session, SessionRegistry
 from parrot.serve.runtime.status import session_status
@@ -67,22 +68,24 @@ class Manager:
         engines: Sequence[EngineClient],
         tokenizer_folder: str | Path | None = None,
         config: ManagerConfig | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.config = config or ManagerConfig()
-        # This run of the manager: in its engine context ids (a restarted manager never names an
-        # old run's context on a running engine) and its session tokens (an old run's token is
-        # told its session was lost, not that it is invalid).
+        self.clock = clock  # every time the scheduling path reads or waits on (clock.py)
+        # This run: in its context ids (a restarted manager never names an old run's context, and an
+        # engine frees a dead run's by its lease) and session tokens (an old one is told it was lost).
         self.run_id = secrets.token_hex(4)
-        self.pool = EnginePool(engines, tokenizer_folder)
-        self.sessions = SessionRegistry(self.config, self.run_id)
+        self.pool = EnginePool(engines, tokenizer_folder, clock)
+        self.sessions = SessionRegistry(self.config, self.run_id, clock)
         self.prefix_cache = PrefixCache()
         self.prefixes = (
-            PrefixContexts(self.prefix_cache, self.config, self.run_id) if self.config.prefix_sharing else None
+            PrefixContexts(self.prefix_cache, self.config, self.run_id, clock) if self.config.prefix_sharing else None
         )
-        # Every engine context id this run creates starts with one of these (sessions.py, contexts.py).
         lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
+        self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
+        self.executor.on_finish = self.metrics.call_finished
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)
 
@@ -96,9 +99,9 @@ class Manager:
         """Stop admitting work (503) and wait, at most `grace_s` (default: the config's), until no
         call is in flight; returns the calls still in flight then (stop() ends them)."""
         self.draining = True
-        deadline = time.monotonic() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
-        while (num := self.executor.num_in_flight()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
+        while (num := self.executor.num_in_flight()) and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
         if num:
             log.warning("shutting down with %d calls still in flight: they end with 410", num)
         return num
@@ -162,6 +165,7 @@ class Manager:
         self.executor.engine_died(handle.engine_id)
 
     def _engine_stats(self, handle: EngineHandle) -> None:
+        self.metrics.heartbeat(handle.engine_id)
         if self.prefixes is not None:
             self.prefixes.relieve(handle)
         self.executor.engines_changed()
@@ -195,7 +199,7 @@ class Manager:
 
     async def _expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.expiry_interval_s)
+            await self.clock.sleep(self.config.expiry_interval_s)
             for session in self.sessions.expired():
                 log.info("session %s expired", session.session_id)
                 await self.delete_session(session, f"expired after {session.idle_timeout_s:g} s idle")
@@ -222,20 +226,22 @@ class Manager:
     def submit_parsed(
         self,
         session: Session,
-        spec: CallSpec,
+        specs: Sequence[CallSpec],
         template: ParsedTemplate,
         message_prefixes: Sequence[str] = (),
         prompt_token_ids: list[int] | None = None,
-    ) -> CallNode:
+    ) -> list[CallNode]:
         """A plain request (the OpenAI routes): its one text piece is the raw prompt, never parsed
         for placeholders. `message_prefixes` are the rendered leading chat messages (prefix points
         at message boundaries). `prompt_token_ids`, when the client sent token ids, are the text
         piece's tokens as given (never re-tokenized). A client waits on the answer: its output is
-        latency-critical."""
-        model = self.pool.resolve_model(spec.model)
-        call = self._submit(session, [], [(spec, template, model)], "", message_prefixes, prompt_token_ids).calls[0]
-        self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
-        return call
+        latency-critical. Several `specs` (OpenAI's `n`: one per choice, same model) share the
+        prompt: with prefix sharing it is filled once and each call forks it (batches.py)."""
+        staged = [(spec, template, self.pool.resolve_model(spec.model)) for spec in specs]
+        calls = self._submit(session, [], staged, "", message_prefixes, prompt_token_ids, len(specs) > 1).calls
+        for call in calls:
+            self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
+        return calls
 
     def _submit(
         self,
@@ -245,10 +251,11 @@ class Manager:
         prefix: str,
         message_prefixes: Sequence[str] | None = None,
         prompt_token_ids: list[int] | None = None,
+        shared_prompt: bool = False,
     ) -> StagedBatch:
         self._check_admissible(session, len(calls))
         staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
-        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids)
+        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids, shared_prompt)
         return self._commit(session, staged)
 
     async def submit_async(
@@ -272,17 +279,24 @@ class Manager:
             session.submitting = False
         return _submitted(staged)
 
+    def cancel_call(self, session: Session, call_id: str) -> None:
+        """Cancel an unfinished call (executor.cancel); 404 for an unknown call, 409 a finished one."""
+        run = session.runs.get(call_id)
+        if run is None:
+            raise not_found("call", call_id, field="call_id")
+        if run.finished_at is not None:
+            raise conflict(f"call {call_id!r} has finished ({run.state}): nothing to cancel", field="call_id")
+        self.executor.cancel(session, run)
+
     def _check_admissible(self, session: Session, num_new: int) -> None:
-        """409 while another batch of the session is being tokenized; 429 when its tenant would
-        have more unfinished calls than its limit."""
+        """409 while another batch of the session is being tokenized; 429 past the tenant's calls."""
         if session.submitting:
             raise conflict("another batch of this session is being submitted; retry when it is in", "session_id")
         self.sessions.check_tenant_load(session.tenant, num_calls=num_new)
 
     def _commit(self, session: Session, staged: StagedBatch) -> StagedBatch:
-        self.sessions.check_tenant_load(session.tenant, num_tokens=sum(call.num_tokens for call in staged.calls))
+        self.sessions.admit(session, staged)  # 429 past the tenant's tokens in flight; counts what it holds
         session.graph.commit(staged)
-        session.num_chars += staged.num_chars
         self.executor.add_calls(session, staged.calls)
         return staged
 
@@ -321,6 +335,7 @@ class Manager:
         """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         session.num_waiting_gets += 1
         try:
             await var.wait(timeout_s)
@@ -337,6 +352,7 @@ class Manager:
         """Text chunks as they are generated; raises the variable's error if it fails."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
+        self.metrics.variable_get()
         return self._stream(session, var, timeout_s)
 
     async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:
@@ -375,8 +391,9 @@ def create_manager(
     engines: Sequence[EngineClient],
     tokenizer_folder: str | Path | None = None,
     config: ManagerConfig | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> Manager:
     """A manager over `engines` (in-process AsyncEngine or HttpEngineClient); start it with
     `await manager.start()` (create_app's lifespan does). `tokenizer_folder` defaults to each
     engine's own model folder."""
-    return Manager(engines, tokenizer_folder, config)
+    return Manager(engines, tokenizer_folder, config, clock)

@@ -15,6 +15,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
+from parrot.text.tools import plain_messages
+
 # The one pre-tokenizer rule that reads ahead of a pre-token's start: contractions (`'re`, `'ll`,
 # `'ve` in GPT-2's and Llama 3's regexes). A pre-token starting with an apostrophe closer than this
 # to the end may still become one ("x'r" + "e"); every other rule decides within the pre-token.
@@ -44,6 +46,7 @@ class Tokenizer:
         if template is None and (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
         self._chat_template = None
+        self.template_knows_tools = bool(template and "tools" in template)
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
@@ -116,8 +119,18 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._chat_template is not None
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render chat messages with the model's own template (as transformers would)."""
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render chat messages with the model's own template (as transformers would). `tools`
+        (OpenAI's function specs): given to a template that knows tools; otherwise described in
+        the system message, with tool calls and results as text (tools.plain_messages)."""
+        uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        if uses_tools and not self.template_knows_tools:
+            messages, tools = plain_messages(messages, tools), None
         if self._chat_template is None:
             # A model without a template: a plain transcript is the honest fallback.
             lines = [f"{m['role']}: {m['content']}" for m in messages]
@@ -127,6 +140,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **({"tools": tools} if tools else {}),
         )
 
 

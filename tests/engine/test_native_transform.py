@@ -95,7 +95,7 @@ def test_engines_with_and_without_kernels_side_by_side(
     """Each engine's setting holds for its own model, backend and sampler, whatever the other does."""
     ids = list(range(200, 240))
     config = EngineConfig(model=str(native_shaped_folder), dtype="bfloat16", num_blocks=32)
-    with caplog.at_level(logging.INFO, logger="parrot.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="parrot.engine.model_setup"):
         torch_engine = LLMEngine(dataclasses.replace(config, cpu_kernels=False))
         native_engine = LLMEngine(config)
     messages = [r.getMessage() for r in caplog.records if "native CPU kernels" in r.getMessage()]
@@ -138,7 +138,7 @@ def test_an_unavailable_library_is_logged_and_reported(
     monkeypatch.setattr(library, "_tried", True)
     monkeypatch.setattr(library, "_lib", None)
     monkeypatch.setattr(library, "_reason", "no C compiler (gcc is not on PATH and $CC is unset)")
-    with caplog.at_level(logging.INFO, logger="parrot.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="parrot.engine.model_setup"):
         engine = LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="bfloat16", num_blocks=8))
     status = "unavailable: no C compiler (gcc is not on PATH and $CC is unset)"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

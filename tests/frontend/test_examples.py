@@ -44,4 +44,14 @@ def test_demo_runs_every_app(server: LiveServer) -> None:
         "native function in a pipeline",
     ]
     assert all(seconds > 0 for _, _, seconds in results)
-    assert len(lines) == 4
+    assert len(lines) == 5
+    # The last line: what Parrot saved (a new manager: its totals are the demo's).
+    t = server.manager.metrics.totals
+    assert t["calls"] == 5, t  # this short text: one call per app, two for the native pipeline
+    share = f" ({t['reused'] / t['prompt']:.0%})"
+    saved = max(t["calls"] - t["gets"], 0)
+    assert lines[-1] == (
+        f"Parrot: {t['calls']} calls finished, {t['generated']} tokens generated; saved {saved} "
+        f"client round trips ({t['gets']} fetches instead of {t['calls']} requests) and reused {t['reused']} of "
+        f"{t['prompt']} prompt tokens from shared prefixes{share}"
+    )

@@ -115,8 +115,10 @@ def test_bad_arguments_raise_type_errors() -> None:
         joke.invoke(core)
     with pytest.raises(TypeError, match="has no parameter 'colour'"):
         joke.invoke(core, "x", colour="red")
-    with pytest.raises(TypeError, match="takes a SemanticVariable or text"):
-        joke.invoke(core, ["a list"])
+    with pytest.raises(TypeError, match="takes a SemanticVariable, text or a list of them, not <class 'dict'>"):
+        joke.invoke(core, {"a": "mapping"})
+    with pytest.raises(TypeError, match=r"input 'topic'\[0\]: a list item takes a SemanticVariable or text"):
+        joke.invoke(core, [["nested"]])
     other = QueueOnlyCore().new_variable("elsewhere")
     with pytest.raises(ParrotError, match="belongs to another session"):
         joke.invoke(core, other)

@@ -8,11 +8,12 @@ import socket
 
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from parrot.frontend.transport import ApiTransport
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import SubmitRequest
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import StreamChunk, SubmitRequest
 from parrot.web.server_thread import ServerThread
 
 STATUS = {
@@ -28,24 +29,34 @@ STATUS = {
 }
 
 
-def flaky_manager(failures: int, status: int) -> tuple[FastAPI, dict[str, int]]:
-    """Answers `failures` requests of each route with `status`, then as a manager would."""
+def flaky_manager(failures: int, status: int, proxy: bool = False) -> tuple[FastAPI, dict[str, int]]:
+    """Answers `failures` requests of each route with `status` (the manager's error body, or a
+    proxy's plain text), then as a manager would."""
     app = FastAPI()
-    seen = {"status": 0, "submit": 0}
+    seen = {"status": 0, "submit": 0, "stream": 0}
 
-    def answer(route: str, body: object) -> JSONResponse:
+    def answer(route: str, body: object) -> Response:
         seen[route] += 1
+        if seen[route] <= failures and proxy:
+            return PlainTextResponse("upstream unavailable", status_code=status)
         if seen[route] <= failures:
             error = {"error": {"message": "busy", "field": None, "status": status}}
             return JSONResponse(error, status_code=status, headers={"Retry-After": "0"})
+        if route == "stream":
+            lines = [StreamChunk(text="a").model_dump_json(), StreamChunk(done=True).model_dump_json()]
+            return PlainTextResponse("\n".join(lines) + "\n", media_type="application/x-ndjson")
         return JSONResponse(body)
 
     @app.get("/v1/sessions/s-1")
-    async def session_status() -> JSONResponse:
+    async def session_status() -> Response:
         return answer("status", STATUS)
 
+    @app.get("/v1/sessions/s-1/variables/v0/stream")
+    async def stream() -> Response:
+        return answer("stream", None)
+
     @app.post("/v1/sessions/s-1/submit")
-    async def submit() -> JSONResponse:
+    async def submit() -> Response:
         return answer("submit", {"variables": [], "calls": []})
 
     return app, seen
@@ -66,10 +77,8 @@ def test_reads_are_retried_through_transient_answers() -> None:
             try:
                 assert (await api.status()).session_id == "s-1"
                 assert [seen["status"], api.num_retries] == [3, 2]
-                # A submit may have been applied: its 503 is the answer, never a second submit.
-                with pytest.raises(ParrotError) as info:
-                    await api.submit(SubmitRequest())
-                assert [info.value.status, seen["submit"]] == [503, 1]
+                assert [chunk async for chunk in api.stream_variable("v0", Criteria.LATENCY)] == ["a"]
+                assert [seen["stream"], api.num_retries] == [3, 4]
             finally:
                 await api.aclose()
 
@@ -109,3 +118,38 @@ def test_an_unreachable_manager_is_a_parrot_error() -> None:
             await api.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_submit_the_manager_refused_is_sent_again(status: int) -> None:
+    """The manager's own 429 / 503 body says the batch was not applied (all or nothing)."""
+    app, seen = flaky_manager(failures=2, status=status)
+    with ServerThread(app) as srv:
+
+        async def main() -> None:
+            api = transport(srv.url)
+            try:
+                assert (await api.submit(SubmitRequest())).calls == []
+                assert [seen["submit"], api.num_retries] == [3, 2]
+            finally:
+                await api.aclose()
+
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize(("status", "proxy"), [(503, True), (502, False), (504, False)])
+def test_a_submit_that_may_have_arrived_is_never_sent_twice(status: int, proxy: bool) -> None:
+    """A proxy's 503, or a 502/504, may come after the manager applied the batch."""
+    app, seen = flaky_manager(failures=1, status=status, proxy=proxy)
+    with ServerThread(app) as srv:
+
+        async def main() -> None:
+            api = transport(srv.url)
+            try:
+                with pytest.raises(ParrotError) as info:
+                    await api.submit(SubmitRequest())
+                assert [info.value.status, seen["submit"], api.num_retries] == [status, 1, 0]
+            finally:
+                await api.aclose()
+
+        asyncio.run(main())

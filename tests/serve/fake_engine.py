@@ -57,6 +57,7 @@ class FakeEngine:
         self.block_size = block_size
         self.contexts: dict[str, list[int]] = {}
         self.busy: set[str] = set()
+        self.free_when_idle: set[str] = set()  # freed while generating: freed when it ends
         self.leases: list[LeaseRequest] = []  # every renewal, in order
         self.log: list[tuple[float, str, str, int]] = []  # (time, op, context_id, num_tokens)
         self.fail_generate_when: Callable[[str], bool] = lambda prompt: False
@@ -126,14 +127,22 @@ class FakeEngine:
             self.log.append((time.monotonic(), "generated", req.context_id, len(tokens) - start))
         finally:
             self.busy.discard(req.context_id)
+            if req.context_id in self.free_when_idle:
+                self._free(req.context_id)
 
     async def free_context(self, req: FreeContextRequest) -> None:
         if req.context_id not in self.contexts:
             raise ParrotError(f"unknown context {req.context_id!r}", status=404, field="context_id")
-        if req.context_id in self.busy:
-            raise ParrotError("busy", status=409, field="context_id")
-        del self.contexts[req.context_id]
-        self.log.append((time.monotonic(), "free", req.context_id, 0))
+        if req.context_id in self.free_when_idle:
+            raise ParrotError(f"unknown context {req.context_id!r}", status=404, field="context_id")
+        self.free_when_idle.add(req.context_id)
+        if req.context_id not in self.busy:  # else when its generation ends, as the real engine
+            self._free(req.context_id)
+
+    def _free(self, context_id: str) -> None:
+        self.free_when_idle.discard(context_id)
+        del self.contexts[context_id]
+        self.log.append((time.monotonic(), "free", context_id, 0))
 
     async def renew_lease(self, req: LeaseRequest) -> None:
         self.leases.append(req)

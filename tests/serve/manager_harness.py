@@ -6,9 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from parrot.protocol.engine_client import EngineClient
+from parrot.serve.clock import REAL_CLOCK, LoopClock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.manager import Manager, create_manager
 from parrot.serve.runtime.session import Session
+from parrot.sim.loop import run_virtual
 
 
 def run_manager(
@@ -17,19 +19,30 @@ def run_manager(
     config: ManagerConfig | None = None,
     *,
     stepped: bool = False,
+    virtual: bool = False,
 ) -> None:
     """Run `body(manager)` on a fresh loop, then stop the manager. `stepped`: the engines are
-    registered but the executor's loop never starts, so only the test moves it (`step()`)."""
+    registered but the executor's loop never starts, so only the test moves it (`step()`).
+    `virtual`: the loop's time is virtual (parrot.sim.loop) and the manager reads it: sleeps take
+    no wall time and every time is exact (`now()`)."""
 
     async def main() -> None:
-        manager = create_manager(list(engines), config=config)
+        manager = create_manager(list(engines), config=config, clock=LoopClock() if virtual else REAL_CLOCK)
         await (manager.pool.start() if stepped else manager.start())
         try:
             await body(manager)
         finally:
             await manager.stop()
 
-    asyncio.run(main())
+    if virtual:
+        run_virtual(main())
+    else:
+        asyncio.run(main())
+
+
+def now() -> float:
+    """The running loop's time (virtual under `run_manager(..., virtual=True)`)."""
+    return asyncio.get_running_loop().time()
 
 
 def new_session(manager: Manager, api_key: str = "key") -> Session:

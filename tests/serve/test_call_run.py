@@ -86,7 +86,7 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         answer = tok.encode(" NOW:")  # the fake engine echoes the prompt's last word, then EOS
         assert run.num_prompt_tokens == len(tok.encode("Say hello now:"))
         assert [run.num_generated_tokens, run.num_cached_tokens, run.finish_reasons] == [len(answer), 0, {"o": "eos"}]
-        assert run.output_tokens == {"o": [(t, None) for t in answer]}
+        assert run.output_tokens == {"o": [(t, None, None) for t in answer]}
         assert run.output_token_ids == {"o": answer}
         assert session.graph.variables["c0~o"].value == " NOW:"
         status = manager.status(session).calls[0]
@@ -115,7 +115,7 @@ def test_requeue_resets_exactly_the_run_fields_of_one_attempt() -> None:
         "priority": 3,
         "num_attempts": 1,
         "output_token_ids": {"o": [1, 2, 3]},
-        "output_tokens": {"o": [(1, -0.5), (2, None), (3, None), (4, None)]},
+        "output_tokens": {"o": [(1, -0.5, None), (2, None, None), (3, None, None), (4, None, None)]},
         "dirty": False,
     }
     for name, value in kept.items():

@@ -23,6 +23,7 @@ def run(
     folder: Path,
     body: Callable[[Manager, Session, FakeEngine], Awaitable[None]],
     config: ManagerConfig | None = None,
+    virtual: bool = False,
     **engine_kw: object,
 ) -> FakeEngine:
     engine = FakeEngine(folder, **engine_kw)  # type: ignore[arg-type]
@@ -30,7 +31,7 @@ def run(
     async def with_session(manager: Manager) -> None:
         await body(manager, new_session(manager), engine)
 
-    run_manager([engine], with_session, config)
+    run_manager([engine], with_session, config, virtual=virtual)
     return engine
 
 
@@ -260,7 +261,12 @@ def test_idle_sessions_expire(default_model_folder: Path) -> None:
                 variables=[VariableSpec(var_id="x")], calls=[spec("a {{input:x}} {{output:o}}", x=Binding(var_id="x"))]
             ),
         )
-        await asyncio.sleep(0.3)
+        # Virtual clock: idle from t=0; the expiry pass every 0.02 s removes it once idle for more
+        # than 0.1 s: not at the 5th pass (0.1 s idle), at the 6th, 0.12 s.
+        await asyncio.sleep(0.1199)
+        assert created.session_id in manager.sessions.sessions
+        await asyncio.sleep(0.0002)
+        assert created.session_id not in manager.sessions.sessions
         with pytest.raises(ParrotError) as info:
             manager.session(created.session_id, created.token)
         assert info.value.status == 410
@@ -268,7 +274,7 @@ def test_idle_sessions_expire(default_model_folder: Path) -> None:
         await manager.drain()
         assert engine.contexts == {}
 
-    run(default_model_folder, body, config=config)
+    run(default_model_folder, body, config=config, virtual=True)
 
 
 def test_session_tokens_are_checked(default_model_folder: Path) -> None:

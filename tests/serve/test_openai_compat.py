@@ -82,11 +82,14 @@ def test_chat_completion_stream_and_usage(server: LiveServer, client: openai.Ope
 def test_unsupported_options_are_refused_by_name(server: LiveServer, client: openai.OpenAI) -> None:
     blocks_free = server.stats().num_blocks_free
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="tiny", prompt="x", n=2)
-    assert info.value.body["param"] == "n"  # type: ignore[index]
+        client.completions.create(model="tiny", prompt="x", suffix="y")
+    assert info.value.body["param"] == "suffix"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0)
-    assert info.value.body["param"] == "presence_penalty"  # type: ignore[index]
+        client.completions.create(model="tiny", prompt="x", echo=True, logprobs=2)
+    assert info.value.body["param"] == "echo"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError) as info:
@@ -136,6 +139,14 @@ def test_vllm_style_extensions_ignore_eos_and_top_k(server: LiveServer, client: 
         ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
         ({"stop": ["x" * 300]}, "stop"),
         ({"seed": 2**63}, "seed"),
+        ({"n": 65}, "n"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"999999": 1}}, "logit_bias"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}, "response_format"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ],
 )
 def test_sampling_outside_the_limits_is_a_400_naming_the_field(

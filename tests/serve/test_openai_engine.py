@@ -186,15 +186,19 @@ def test_bad_requests_get_the_builtin_engines_errors(
         assert await status_field(generate(client, empty)) == [400, "context_id"]
         too_long = FillRequest(context_id="a", token_ids=[5] * 4094, append=True)
         assert await status_field(client.fill(too_long)) == [400, "token_ids"]
-        # Free while generating: 409; once the reader closed the stream, the context goes, and the
-        # upstream stops generating (the request is dropped, not read to its end).
+        # Free while generating: accepted, the context goes when the stream ends (a second free is
+        # a 404); once the reader closed the stream, the upstream stops generating (the request is
+        # dropped, not read to its end).
         decoded_before = upstream_engine.engine.stats().num_decode_tokens
         long = SamplingParams(max_tokens=2000, ignore_eos=True)
         stream = client.generate(GenerateRequest(context_id="a", sampling=long))
         await anext(stream)
-        assert await status_field(client.free_context(FreeContextRequest(context_id="a"))) == [409, "context_id"]
-        await stream.aclose()  # type: ignore[attr-defined]
         await client.free_context(FreeContextRequest(context_id="a"))
+        assert await status_field(client.free_context(FreeContextRequest(context_id="a"))) == [404, "context_id"]
+        assert client.context_info("a").context_id == "a"  # held until its generation ends
+        await stream.aclose()  # type: ignore[attr-defined]
+        with pytest.raises(ParrotError, match="unknown context 'a'"):
+            client.context_info("a")  # dropped when its generation ended
         assert (await client.stats()).num_running == 0
         deadline = time.monotonic() + 10
         while upstream_engine.engine.stats().num_running:

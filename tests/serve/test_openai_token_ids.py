@@ -99,7 +99,8 @@ def test_bad_token_prompts_and_logprobs_are_refused_naming_the_field(server: Liv
         for prompt in ([-1], [vocab_size], [[1], [2]], []):
             got = http.post("/v1/completions", json=body | {"prompt": prompt}, headers=KEY)
             assert [got.status_code, got.json()["error"]["field"]] == [400, "prompt"], (prompt, got.text)
-        got = http.post("/v1/completions", json=body | {"prompt": [1, 2], "logprobs": 1}, headers=KEY)
-        assert [got.status_code, got.json()["error"]["field"]] == [400, "logprobs"]
+        for logprobs in (21, -1, True):  # 0..20 alternatives (OpenAI's limit); a count, not a flag
+            got = http.post("/v1/completions", json=body | {"prompt": [1, 2], "logprobs": logprobs}, headers=KEY)
+            assert [got.status_code, got.json()["error"]["field"]] == [400, "logprobs"], logprobs
         cards = http.get("/v1/models", headers=KEY).json()["data"]
         assert [(c["id"], c["max_model_len"]) for c in cards] == [("tiny", 4096)]

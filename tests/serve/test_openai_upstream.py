@@ -8,9 +8,18 @@ from typing import Any
 
 import pytest
 
-from parrot.backends.openai_dialect import StopRule, choice_events, completion_body, upstream_error
+from parrot.backends.openai_dialect import (
+    StopRule,
+    choice_events,
+    completion_body,
+    refuses_priority,
+    upstream_error,
+    upstream_priority,
+)
+from parrot.backends.tpot_profile import TpotProfile, bucket_of
 from parrot.protocol.engine_api import TokenEvent
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.objective import Objective
 from parrot.protocol.sampling import SamplingParams
 
 RULE = StopRule(eos_ids=frozenset({2}), ignore_eos=False)
@@ -113,3 +122,42 @@ def test_request_bodies_send_extensions_only_when_they_say_something() -> None:
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
     }
+
+
+def test_a_priority_is_sent_only_when_it_says_something() -> None:
+    assert "priority" not in completion_body("m", [1], SamplingParams(), 4, ask_token_ids=False, priority=0)
+    assert completion_body("m", [1], SamplingParams(), 4, ask_token_ids=False, priority=2000)["priority"] == 2000
+    # Latency-critical first, then the higher Parrot priority (vLLM serves smaller values first).
+    order = [
+        upstream_priority(Objective.LATENCY, 1),
+        upstream_priority(Objective.LATENCY, 0),
+        upstream_priority(Objective.LATENCY, -1000),
+        upstream_priority(Objective.THROUGHPUT, 1000),
+        upstream_priority(Objective.THROUGHPUT, 0),
+    ]
+    assert order == [-1, 0, 1000, 1001, 2001]
+    vllm_fcfs = "Got priority 2001 but Priority scheduling is not enabled."
+    parrot_extra = '{"error": {"message": "priority: Extra inputs are not permitted", "field": "priority"}}'
+    with_field = {"priority": 2001}
+    cases = [
+        refuses_priority(with_field, 400, vllm_fcfs),
+        refuses_priority(with_field, 422, parrot_extra),
+        refuses_priority({}, 400, vllm_fcfs),
+        refuses_priority(with_field, 500, vllm_fcfs),
+        refuses_priority(with_field, 400, "bad prompt"),
+    ]
+    assert cases == [True, True, False, False, False]
+
+
+def test_the_step_profile_is_the_median_gap_by_concurrent_streams() -> None:
+    profile = TpotProfile(window=4)
+    assert [bucket_of(1), bucket_of(2), bucket_of(3), bucket_of(4), bucket_of(5), bucket_of(0)] == [1, 2, 4, 4, 8, 1]
+    for gap in (20.0, 22.0, 500.0):  # a gap that held another request's prefill is an outlier
+        profile.observe(1, gap)
+    profile.observe(3, 90.0, num_tokens=3)  # a chunk of three tokens: 30 ms each
+    profile.observe(4, 40.0)
+    profile.observe(4, 0.0, num_tokens=0)  # nothing arrived: nothing learned
+    assert profile.as_dict() == {1: 22.0, 4: 30.0}
+    for gap in (10.0, 10.0, 10.0, 10.0):  # the window keeps the recent gaps only
+        profile.observe(1, gap)
+    assert profile.as_dict() == {1: 10.0, 4: 30.0}

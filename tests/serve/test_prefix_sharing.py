@@ -13,10 +13,10 @@ from fake_engine import FakeEngine
 from manager_harness import run_manager
 
 from parrot.protocol.objective import Criteria
-from parrot.protocol.openai_api import ChatCompletionRequest
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
+from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
-from parrot.serve.http.openai_routes import _OneCall
+from parrot.serve.http.openai.call import OneCall
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
@@ -124,14 +124,11 @@ def test_plain_requests_share_chat_prefixes_and_report_cached_tokens(default_mod
         usages = []
         for question in ("What is a parrot?", "Why is the sky blue?"):
             messages = [system, {"role": "user", "content": question}]
-            req = ChatCompletionRequest.model_validate({"model": "fake", "messages": messages, "max_tokens": 4})
             prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
             prefixes = [tok.apply_chat_template(messages[:k], add_generation_prompt=False) for k in (1, 2)]
-            run_ = _OneCall(
-                manager, "key", "fake", prompt, req, default_max_tokens=None, max_tokens=4, prefixes=prefixes
-            )
-            _, _, usage = await run_.complete()
-            usages.append(usage)
+            run_ = OneCall(manager, "key", "fake", prompt, [SamplingParams(max_tokens=4)], prefixes=prefixes)
+            await run_.complete()
+            usages.append(run_.usage())
         n_system = len(tok.encode(tok.apply_chat_template([system], add_generation_prompt=False)))
         assert usages[0].prompt_tokens_details is not None and usages[1].prompt_tokens_details is not None
         assert usages[0].prompt_tokens_details.cached_tokens == 0

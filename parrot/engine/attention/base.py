@@ -95,10 +95,7 @@ class PagedAttention:
             return
         bs = self.cache.block_size
         max_blocks = max(-(-s.seq_len // bs) for s in seqs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            n = -(-s.seq_len // bs)
-            tables[i, :n] = torch.tensor(s.block_table[:n], dtype=torch.long)
+        tables = torch.tensor(padded_tables(seqs, max_blocks, bs), dtype=torch.long)
         lens = torch.tensor([s.seq_len for s in seqs])
         self.decode_tables = tables  # [B, max_blocks]
         self.decode_lens = lens
@@ -174,6 +171,16 @@ def gather_blocks(layer_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.T
     nb, bs, h, d = layer_cache.shape
     rows = layer_cache.view(nb, bs * h * d).index_select(0, block_ids.reshape(-1))
     return rows.view(*block_ids.shape[:-1], block_ids.shape[-1] * bs, h, d)
+
+
+def padded_tables(seqs: list[SeqSpec], width: int, block_size: int) -> list[list[int]]:
+    """Each sequence's blocks up to its length, zero-padded to `width` (plain lists: one tensor
+    copy for the whole step)."""
+    out = []
+    for s in seqs:
+        n = -(-s.seq_len // block_size)
+        out.append(s.block_table[:n] + [0] * (width - n))
+    return out
 
 
 def _is_decode(s: SeqSpec) -> bool:

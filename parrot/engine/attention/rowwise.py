@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from parrot.engine import kernels
-from parrot.engine.attention.base import PagedAttention, SeqSpec, gather_blocks
+from parrot.engine.attention.base import PagedAttention, SeqSpec, gather_blocks, padded_tables
 
 
 class RowwiseAttention(PagedAttention):
@@ -34,10 +34,15 @@ class RowwiseAttention(PagedAttention):
         bs = self.cache.block_size
         num_rows = sum(s.num_new for s in seqs)
         max_blocks = max((-(-s.seq_len // bs) for s in seqs), default=0)
+        # The leading one-row sequences (the decodes) from plain lists, in one copy each.
+        num_ones = next((i for i, s in enumerate(seqs) if s.num_new != 1), len(seqs))
         tables = torch.zeros(num_rows, max_blocks, dtype=torch.long)
         lens = torch.empty(num_rows, dtype=torch.long)
-        row = 0
-        for s in seqs:
+        if num_ones:
+            tables[:num_ones] = torch.tensor(padded_tables(seqs[:num_ones], max_blocks, bs), dtype=torch.long)
+            lens[:num_ones] = torch.tensor([s.seq_len for s in seqs[:num_ones]], dtype=torch.long)
+        row = num_ones
+        for s in seqs[num_ones:]:
             num_blocks = -(-s.seq_len // bs)
             rows = slice(row, row + s.num_new)
             tables[rows, :num_blocks] = torch.tensor(s.block_table[:num_blocks], dtype=torch.long)

@@ -13,6 +13,7 @@ its parent fills later and a parent never sees its children's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parrot.engine.kv.block_pool import BlockPool
@@ -49,6 +50,7 @@ class ContextTable:
         self.pool = pool
         self.block_size = block_size
         self.contexts: dict[str, Context] = {}
+        self.releasing: set[str] = set()  # freed while in use: `free_released` frees them later
 
     def __contains__(self, context_id: object) -> bool:
         return context_id in self.contexts
@@ -127,6 +129,14 @@ class ContextTable:
         keep = self.blocks_for(ctx.num_computed)
         self.pool.decref(ctx.block_table[keep:])
         del ctx.block_table[keep:]
+
+    def free_released(self, in_use: Callable[[str], bool]) -> None:
+        """Free the contexts in `releasing` that are no longer `in_use`."""
+        for context_id in [c for c in self.releasing if not in_use(c)]:
+            self.releasing.discard(context_id)
+            ctx = self.contexts.get(context_id)
+            if ctx is not None:  # gone already: a fork's placeholder whose fork failed
+                self.free(ctx)
 
     def free(self, ctx: Context) -> None:
         self.pool.decref(ctx.block_table)

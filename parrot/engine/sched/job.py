@@ -18,6 +18,8 @@ from parrot.text.tokenizer import IncrementalDecoder
 # last item of every job is a FillResult, a TokenEvent with finish_reason, or a ParrotError.
 JobEvent = TokenEvent | FillResult | ParrotError
 Sink = Callable[[JobEvent], None]
+# One step's events, handed to the callers in one call (`LLMEngine.hand_off`), each with its sink.
+StepEvents = list[tuple[Sink, JobEvent]]
 
 
 class JobKind(enum.Enum):
@@ -49,10 +51,17 @@ class Job:
     finished: bool = False
 
     def emit(self, event: JobEvent) -> None:
+        """Hand one event to the sink at once (errors, aborts: outside a step's batch)."""
+        deliver([(self.sink, event)])
+
+
+def deliver(events: StepEvents) -> None:
+    """The plain hand-off: each event to its sink, in order, in the calling thread."""
+    for sink, event in events:
         try:
-            self.sink(event)
+            sink(event)
         except Exception:  # a broken listener must never take the engine loop down
-            logging.getLogger(__name__).exception("job %d: event sink failed", self.job_id)
+            logging.getLogger(__name__).exception("event sink failed")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.contexts = contexts
         self.num_reused_tokens = 0  # tokens forks took from their parents since start (engine stats)
+        self.num_preemptions = 0  # running jobs sent back to waiting to free blocks, since start (stats)
         self.order_key = get_policy(config.policy, config.aging_s)
         self.waiting: list[Job] = []  # admitted, not started (or preempted)
         self.running: list[Job] = []  # started: holds blocks, makes progress each step
@@ -232,6 +233,7 @@ class Scheduler:
         return False
 
     def _preempt(self, job: Job) -> None:
+        self.num_preemptions += 1
         self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
         self.running.remove(job)
         self.waiting.append(job)

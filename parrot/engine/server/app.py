@@ -8,6 +8,7 @@ Routes (JSON bodies are the parrot.protocol.engine_api models):
     GET  /v1/engine/stats         EngineStats
     GET  /v1/engine/info          {"model", "model_folder", "max_model_len"}
     GET  /health
+    GET  /metrics                 Prometheus text format (metrics.py; open, as /health)
 Errors: the manager's error body and statuses (parrot/web/edge.py): {"error": {"message", "field",
 "status", "type", "param"}}; a request that fails validation is a 400 naming the field, a body
 over MAX_BODY_BYTES a 413.
@@ -18,10 +19,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from parrot.engine.async_engine import AsyncEngine
+from parrot.engine.server.metrics import EngineMetrics
 from parrot.protocol.engine_api import (
     EngineStats,
     FillRequest,
@@ -52,6 +55,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=MAX_BODY_BYTES)
     if secret:
         app.middleware("http")(require_bearer(secret, "/v1/engine/"))
+    metrics = app.state.metrics = EngineMetrics()
 
     @app.post("/v1/engine/fill", responses=_CONTEXT)
     async def fill(req: FillRequest) -> FillResult:
@@ -62,7 +66,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
         responses={**_CONTEXT, 200: {"content": {"application/x-ndjson": {"schema": TokenEvent.model_json_schema()}}}},
     )
     async def generate(req: GenerateRequest) -> StreamingResponse:
-        events = engine.generate(req)
+        events = metrics.observe(req.objective.value, engine.generate(req))
         # Pull the first event before answering, so submission errors become a 4xx, not a stream.
         first = await anext(events)
 
@@ -73,7 +77,7 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/engine/free_context", responses=_CONTEXT)
+    @app.post("/v1/engine/free_context", responses={**_ALWAYS, 404: _ERROR})  # busy: freed when idle
     async def free_context(req: FreeContextRequest) -> dict[str, str]:
         await engine.free_context(req)
         return {}
@@ -85,7 +89,12 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
     @app.get("/v1/engine/stats", responses=_ALWAYS)
     async def stats() -> EngineStats:
+        metrics.heartbeats.inc()
         return await engine.stats()
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(await engine.stats()), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/engine/info", responses=_ALWAYS)
     async def info() -> dict[str, object]:

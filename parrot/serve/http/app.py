@@ -16,7 +16,8 @@ from parrot.protocol.engine_client import EngineConnector
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import ErrorResponse
 from parrot.serve.http.engines import router as engines_router
-from parrot.serve.http.openai_routes import router as openai_router
+from parrot.serve.http.openai import router as openai_router
+from parrot.serve.http.ops import router as ops_router
 from parrot.serve.http.sessions import router as sessions_router
 from parrot.serve.manager import Manager
 from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers
@@ -54,6 +55,7 @@ def create_app(
     app.include_router(sessions_router)
     app.include_router(openai_router)
     app.include_router(engines_router)
+    app.include_router(ops_router)
 
     @app.get("/health", tags=["health"])
     async def health() -> dict[str, str]:

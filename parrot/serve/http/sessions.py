@@ -84,6 +84,14 @@ async def submit_call(spec: CallSpec, session: SessionDep, manager: ManagerDep) 
     return manager.submit_call(session, spec)
 
 
+@router.delete("/{session_id}/calls/{call_id}", status_code=204)
+async def cancel_call(call_id: str, session: SessionDep, manager: ManagerDep) -> Response:
+    """Cancel an unfinished call: its outputs fail with 410 (their consumers with 424), its engine
+    work stops and its context is freed. 409 if it has finished."""
+    manager.cancel_call(session, call_id)
+    return Response(status_code=204)
+
+
 @router.post("/{session_id}/variables", status_code=201, response_model=VariableInfo)
 async def create_variable(spec: VariableSpec, session: SessionDep, manager: ManagerDep) -> VariableInfo:
     return manager.create_variable(session, spec)

@@ -19,6 +19,8 @@ Early fills (pipelining) go to the engine the call will most likely run on.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from parrot.protocol.objective import Objective
@@ -33,14 +35,22 @@ class _Load:
     running: dict[str, int]
     latency: dict[str, int]
     early: dict[str, int]
-    groups: dict[str, set[str]]
-    apps: dict[str, set[str]]
+    snapshot_groups: Mapping[str, tuple[str, ...]]  # the snapshot's, read only
+    snapshot_apps: Mapping[str, tuple[str, ...]]
+    groups: dict[str, set[str]] = field(default_factory=dict)  # what this plan placed
+    apps: dict[str, set[str]] = field(default_factory=dict)
     reserved: set[str] = field(default_factory=set)
+    # model -> heap of (running calls, engine id), stale entries skipped: the least-loaded engine
+    # without a scan of every engine; and the call signatures no engine has room for (room only
+    # shrinks within a plan: loads grow, reservations are kept).
+    least: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    full: set[tuple[str, bool, str, int]] = field(default_factory=set)
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)  # engine -> tenant -> running
     num_tenants: int = 1  # tenants with work (running or ready calls)
 
     def place(self, call: CallView, engine_id: str) -> None:
         self.running[engine_id] += 1
+        heapq.heappush(self.least.setdefault(call.model, []), (self.running[engine_id], engine_id))
         on_engine = self.tenants.setdefault(engine_id, {})
         on_engine[call.tenant] = on_engine.get(call.tenant, 0) + 1
         if call.objective is Objective.LATENCY:
@@ -48,6 +58,16 @@ class _Load:
         if call.task_group is not None:
             self.groups.setdefault(call.task_group, set()).add(engine_id)
         self.apps.setdefault(call.key[0], set()).add(engine_id)
+
+    def group_at(self, group: str | None) -> set[str]:
+        """Engines running the task group's calls, the snapshot's and this plan's (no copy of
+        every group per plan: a plan costs the calls it looks at, not every running group)."""
+        if group is None:
+            return set()
+        return {*self.snapshot_groups.get(group, ()), *self.groups.get(group, ())}
+
+    def app_at(self, app: str) -> set[str]:
+        return {*self.snapshot_apps.get(app, ()), *self.apps.get(app, ())}
 
 
 class AppCentricPolicy:
@@ -57,12 +77,21 @@ class AppCentricPolicy:
             running={e.engine_id: e.num_running_calls for e in snapshot.engines},
             latency={e.engine_id: e.num_latency_calls for e in snapshot.engines},
             early={e.engine_id: e.num_early_filled_calls for e in snapshot.engines},
-            groups={g: set(es) for g, es in snapshot.group_engines.items()},
-            apps={a: set(es) for a, es in snapshot.app_engines.items()},
+            snapshot_groups=snapshot.group_engines,
+            snapshot_apps=snapshot.app_engines,
             tenants={e: dict(ts) for e, ts in snapshot.tenant_running.items()},
         )
         fail = [FailCall(c.key, c.failed_var_id) for c in snapshot.calls if c.failed_var_id is not None]
         ready = [c for c in snapshot.calls if c.failed_var_id is None and c.inputs_ready]
+        for e in snapshot.engines:
+            if e.alive:
+                load.least.setdefault(e.model, []).append((e.num_running_calls, e.engine_id))
+        for heap in load.least.values():
+            heapq.heapify(heap)
+        by_group: dict[str, list[CallView]] = {}
+        for c in ready:
+            if c.task_group is not None:
+                by_group.setdefault(c.task_group, []).append(c)
         tenant_load: dict[str, int] = {}
         for on_engine in snapshot.tenant_running.values():
             for tenant, n in on_engine.items():
@@ -75,7 +104,7 @@ class AppCentricPolicy:
         for call in ready:
             if call.key in placed:
                 continue
-            group = _group_members(call, ready, placed)
+            group = _group_members(call, by_group.get(call.task_group or "", []), placed)
             if len(group) > 1:
                 engine_id = _best(group[0], engines, load, num_calls=len(group), objectives=group)
                 if engine_id is not None:
@@ -105,10 +134,11 @@ def _rank(call: CallView, snapshot: Snapshot, tenant_load: int) -> tuple[int, in
     return (0 if aged else 1, 0 if latency else 1, tenant_load, -call.priority, -best_hit, call.order)
 
 
-def _group_members(call: CallView, ready: list[CallView], placed: set[CallKey]) -> list[CallView]:
+def _group_members(call: CallView, members: list[CallView], placed: set[CallKey]) -> list[CallView]:
+    """The ready calls of `call`'s task group not placed yet (`members`: the group's ready calls)."""
     if call.task_group is None or call.pinned:
         return [call]
-    return [c for c in ready if c.task_group == call.task_group and c.key not in placed and not c.pinned]
+    return [c for c in members if c.key not in placed and not c.pinned]
 
 
 def _candidates(call: CallView, engines: dict[str, EngineView]) -> list[EngineView]:
@@ -134,37 +164,77 @@ def _best(
     num_calls: int = 1,
     objectives: list[CallView] | None = None,
 ) -> str | None:
-    """The preferred engine with room for `num_calls` calls like `call` (or the group's calls)."""
+    """The preferred engine with room for `num_calls` calls like `call` (or the group's calls):
+    the most prefix hits, then its task group's, its app's, its own engine, then the least loaded.
+
+    Only the few engines with an affinity are looked at one by one; any of them with room beats
+    every other engine, and among the others the least loaded comes from a heap, so a decision
+    does not scan every engine."""
     any_latency = any(c.objective is Objective.LATENCY for c in (objectives or [call]))
+    if call.pinned:
+        fitting = [e for e in _candidates(call, engines) if _room(e, load, num_calls, any_latency, call.tenant)]
+        return fitting[0].engine_id if fitting else None
+    signature = (call.model, any_latency, call.tenant if load.num_tenants > 1 else "", num_calls)
+    if signature in load.full:
+        return None
     hits = dict(call.prefix_hits)
-    group_at = load.groups.get(call.task_group or "", set())
-    app_at = load.apps.get(call.key[0], set())
+    group_at = load.group_at(call.task_group)
+    app_at = load.app_at(call.key[0])
+    near = hits.keys() | group_at | app_at | ({call.engine_id} if call.engine_id else set())
     fitting = [
         e
-        for e in _candidates(call, engines)
-        if e.engine_id not in load.reserved and _fits(e, load, num_calls, any_latency, call.tenant)
+        for e in (engines.get(i) for i in near)
+        if e is not None and e.model == call.model and e.alive and _room(e, load, num_calls, any_latency, call.tenant)
     ]
-    if not fitting:
-        return None
-    best = min(
-        fitting,
-        key=lambda e: (
-            -hits.get(e.engine_id, 0),
-            e.engine_id not in group_at,
-            e.engine_id not in app_at,
-            e.engine_id != call.engine_id,
-            load.running[e.engine_id],
-            e.engine_id,
-        ),
-    )
-    return best.engine_id
+    if fitting:
+        return min(
+            fitting,
+            key=lambda e: (
+                -hits.get(e.engine_id, 0),
+                e.engine_id not in group_at,
+                e.engine_id not in app_at,
+                e.engine_id != call.engine_id,
+                load.running[e.engine_id],
+                e.engine_id,
+            ),
+        ).engine_id
+    heap = load.least.get(call.model, [])
+    skipped = []
+    best = None
+    while heap:
+        running, engine_id = heapq.heappop(heap)
+        if running != load.running[engine_id] or engine_id in load.reserved:
+            continue  # stale (a newer entry holds its load) or held back for good in this plan
+        skipped.append((running, engine_id))
+        if engine_id not in near and _fits(engines[engine_id], load, num_calls, any_latency, call.tenant):
+            best = engine_id
+            break
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    if best is None:
+        load.full.add(signature)
+    return best
+
+
+def _room(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
+    return e.engine_id not in load.reserved and _fits(e, load, num_calls, any_latency, tenant)
 
 
 def _reserve(call: CallView, engines: dict[str, EngineView], load: _Load) -> None:
     """Hold back the candidate engine that will have room first for a call that fits nowhere."""
-    free = [e for e in _candidates(call, engines) if e.engine_id not in load.reserved]
-    if free:
-        load.reserved.add(min(free, key=lambda e: (load.running[e.engine_id], e.engine_id)).engine_id)
+    if call.pinned:
+        free = [e for e in _candidates(call, engines) if e.engine_id not in load.reserved]
+        if free:
+            load.reserved.add(free[0].engine_id)
+        return
+    heap = load.least.get(call.model, [])
+    while heap:
+        running, engine_id = heap[0]
+        if running != load.running[engine_id] or engine_id in load.reserved:
+            heapq.heappop(heap)
+            continue
+        load.reserved.add(engine_id)
+        return
 
 
 def _early_fills(snapshot: Snapshot, engines: dict[str, EngineView], load: _Load) -> list[EarlyFill]:
@@ -175,8 +245,8 @@ def _early_fills(snapshot: Snapshot, engines: dict[str, EngineView], load: _Load
         engine_id = call.engine_id
         if engine_id is None or not engines[engine_id].alive:
             hits = dict(call.prefix_hits)
-            group_at = load.groups.get(call.task_group or "", set())
-            app_at = load.apps.get(call.key[0], set())
+            group_at = load.group_at(call.task_group)
+            app_at = load.app_at(call.key[0])
             room = [e for e in _candidates(call, engines) if load.early[e.engine_id] < e.max_early_filled_calls]
             if not room:
                 continue

@@ -63,9 +63,12 @@ def tokenize_batch(
     prefix: str,
     message_prefixes: Sequence[str] | None = None,
     prompt_token_ids: list[int] | None = None,
+    shared_prompt: bool = False,
 ) -> None:
     """Tokenize the staged calls' known prompts (cached on each call) and check their lengths.
-    Touches only the staged calls: safe on a worker thread."""
+    Touches only the staged calls: safe on a worker thread. `shared_prompt`: the calls are forks of
+    one plain prompt (OpenAI's `n`): a boundary one token before its end lets them share it all,
+    each fork computing only the last token (the one it samples after)."""
     for j, call in enumerate(staged.calls):
         engine = pool.for_model(call.model)
         if prompt_token_ids is not None:  # a plain request given as tokens: its one text piece
@@ -76,4 +79,7 @@ def tokenize_batch(
         if message_prefixes is not None:  # a plain request: one text piece
             prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
             prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
-            call.message_boundaries = tuple(n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids))
+            boundaries = [n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids)]
+            if shared_prompt and len(prompt_ids) > 1:
+                boundaries.append(len(prompt_ids) - 1)
+            call.message_boundaries = tuple(boundaries)

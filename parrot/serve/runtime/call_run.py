@@ -24,7 +24,7 @@ from enum import StrEnum
 from parrot.protocol.objective import Criteria, Objective
 from parrot.serve.policy.plan import CallView
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.call_runner import CallRunner
+from parrot.serve.runtime.call_runner import CallRunner, StreamedToken
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 
@@ -54,14 +54,16 @@ class CallRun:
     state: CallState = CallState.WAITING
     engine_id: str | None = None  # the engine holding the call's context, once placed
     num_fill_requested: int = 0  # leading pieces the executor asked to fill early
-    dispatched_at: float | None = None  # time.monotonic() when all inputs were ready and it ran
+    dispatched_at: float | None = None  # the manager clock when all inputs were ready and it ran
     finished_at: float | None = None
+    first_token_at: float | None = None  # when its run's first output token arrived (metrics: TTFT)
     # Usage, written by the runner. Cached tokens: prompt tokens whose KV came from a cached prefix
     # context filled by other calls (the runner knows it from the fork; contexts.py).
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens reused from prefixes other calls computed
     num_early_filled_tokens: int = 0  # prompt tokens it computed early (before its inputs were all set)
     num_generated_tokens: int = 0
+    prefix_source: str | None = None  # the kind of prefix point its cached tokens came from
     finish_reasons: dict[str, str] = field(default_factory=dict)  # output name -> the engine's reason
     # Deduced objective (policy/objectives.py via deduction.py; status shows it).
     objective: Objective = Objective.LATENCY
@@ -74,7 +76,8 @@ class CallRun:
     output_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Every token each output streamed with its logprob, the EOS or stop string that ended it
     # included (output_token_ids are the context's: neither is there): what the OpenAI routes report.
-    output_tokens: dict[str, list[tuple[int, float | None]]] = field(default_factory=dict)
+    # With the sampling's `top_logprobs`, each token's alternatives too.
+    output_tokens: dict[str, list[StreamedToken]] = field(default_factory=dict)
     # The executor's bookkeeping.
     runner: CallRunner | None = None  # from its first placement until retired (context freed)
     task: asyncio.Task[None] | None = None  # the latest of its tasks (they run one after another)
@@ -84,6 +87,7 @@ class CallRun:
     view: CallView | None = None
     prefix_points: tuple[PrefixPoint, ...] = ()  # of its ready prefix
     ready_since: float | None = None  # when all its inputs were first seen set
+    ready_at: float | None = None  # ready_since when it last left waiting (metrics: queue time)
 
     @property
     def is_settled(self) -> bool:
@@ -93,6 +97,7 @@ class CallRun:
 
     def leave_waiting(self) -> None:
         """Dispatched or failed: forget what the policy saw of it."""
+        self.ready_at = self.ready_since if self.ready_since is not None else self.ready_at
         self.view, self.prefix_points, self.ready_since, self.dirty = None, (), None, False
 
     def unplace(self) -> None:
@@ -104,6 +109,6 @@ class CallRun:
         """Its run was lost with its engine (runner retired, slot released): waiting again, with
         its attempts, outputs and generated tokens kept so that the next run resumes."""
         self.state = CallState.WAITING
-        self.dispatched_at = None
+        self.dispatched_at = self.first_token_at = None
         self.num_prompt_tokens = self.num_cached_tokens = self.num_early_filled_tokens = 0
         self.unplace()

@@ -36,20 +36,21 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TopLogprob
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_with_retry, prompt_points
+from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
-
-_REFILL_FREE_TIMEOUT_S = 30.0  # freeing our own context before a refill: no generation runs on it
+# One streamed token: its id, its logprob, its top alternatives (when the sampling asks).
+StreamedToken = tuple[int, float | None, list[TopLogprob] | None]
 
 
 class RunRecord(Protocol):
@@ -63,9 +64,11 @@ class RunRecord(Protocol):
     num_cached_tokens: int
     num_early_filled_tokens: int
     num_generated_tokens: int
+    first_token_at: float | None
+    prefix_source: str | None
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
-    output_tokens: dict[str, list[tuple[int, float | None]]]
+    output_tokens: dict[str, list[StreamedToken]]
 
 
 class CallRunner:
@@ -78,8 +81,9 @@ class CallRunner:
         engine: EngineHandle,
         on_output_set: Callable[[Variable], None],
         prefixes: PrefixContexts | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
-        self.call = call
+        self.call, self.clock = call, clock
         self.record = run
         self.variables = variables
         self.engine = engine
@@ -99,9 +103,9 @@ class CallRunner:
         # held here with what to record once the engine took it (sent as a Fill if another comes).
         self.pending: tuple[FillRequest, Callable[[FillResult | None], None]] | None = None
 
-    async def rebind(self, engine: EngineHandle, timeout_s: float) -> None:
+    async def rebind(self, engine: EngineHandle) -> None:
         """Run on another engine than the early fill's: what was filled there is given up."""
-        await self.free(timeout_s)
+        await self.free()
         self.num_filled_pieces = 0
         self.engine = engine
         self.engine_lost = False
@@ -122,7 +126,9 @@ class CallRunner:
             # What an earlier fill put in our context is not a prefix of the prompt's tokens (the
             # stable rule should prevent it): never generate from wrong tokens, start the context over.
             log.warning("call %s: refilling its prompt: the tokens filled early changed", self.call.call_id)
-            await free_with_retry(self.engine.client, self.context_id, _REFILL_FREE_TIMEOUT_S)
+            # Our fills have ended (awaited) and no generation ran on it: the engine frees it at
+            # once, so the same id can be filled again.
+            await free_context(self.engine.client, self.context_id)
             self.has_context = False
             self.record.num_prompt_tokens -= len(self.prompt_ids)  # counted again when refilled
             self.prompt_ids = []
@@ -177,6 +183,8 @@ class CallRunner:
                 # Reused by our fork: what other calls computed, and what our own early fill did.
                 others, own_early = self.lease.reuse(self.context_id)
                 self.record.num_cached_tokens = others
+                kinds = [p.kind for p in points if p.num_tokens == self.lease.entry.num_tokens]
+                self.record.prefix_source = kinds[0].value if kinds else None
                 self.record.num_early_filled_tokens += own_early
             if early and result is not None:
                 self.record.num_early_filled_tokens += result.num_filled_tokens
@@ -277,8 +285,10 @@ class CallRunner:
                 if event.token_id is not None:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
                         generated.append(event.token_id)
-                    streamed.append((event.token_id, event.logprob))
+                    streamed.append((event.token_id, event.logprob, event.top_logprobs))
                     self.record.num_generated_tokens += 1
+                    if self.record.first_token_at is None:
+                        self.record.first_token_at = self.clock.now()
                 if event.text:
                     var.append(event.text)
                 if event.finish_reason is not None:
@@ -318,8 +328,8 @@ class CallRunner:
             self.prefixes.release(self.lease)
         self.lease = None
 
-    async def free(self, timeout_s: float) -> None:
-        """Release the context (retried while the engine finishes work queued on it) and the lease."""
+    async def free(self) -> None:
+        """Release the context (the engine frees it when the work queued on it ends) and the lease."""
         self._drop_lease()
         self.call.encodings.clear()
         self.prompt_ids = []
@@ -327,5 +337,5 @@ class CallRunner:
         if not self.has_context:
             return
         if self.engine.alive:
-            await free_with_retry(self.engine.client, self.context_id, timeout_s)
+            await free_context(self.engine.client, self.context_id)
         self.has_context = False

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from parrot.protocol.engine_api import FillRequest, FreeContextRequest
 from parrot.protocol.engine_client import EngineClient, EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import (
     PointKind,
@@ -78,29 +78,22 @@ def prompt_points(
     return token_ids, prefix_points(call.model, token_ids, boundaries)
 
 
-async def free_with_retry(client: EngineClient, context_id: str, timeout_s: float) -> None:
-    """Free a context, retrying with backoff while the engine finishes work queued on it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    delay_s = 0.005
-    while True:
-        try:
-            await client.free_context(FreeContextRequest(context_id=context_id))
-            return
-        except EngineUnavailable:
-            return  # a dead engine holds nothing
-        except ParrotError as e:
-            if e.status == 404:  # never created (its fill was refused)
-                return
-            if e.status != 409 or loop.time() > deadline:
-                log.warning("context %s not freed: %s", context_id, e.message)
-                return
-        await asyncio.sleep(delay_s)
-        delay_s = min(delay_s * 2, 0.25)
+async def free_context(client: EngineClient, context_id: str) -> None:
+    """Free a context with one request: an engine frees a context that still has work queued
+    (a generation whose reader went away, a fork waiting to read it) when that work ends, so
+    there is nothing to wait for or retry."""
+    try:
+        await client.free_context(FreeContextRequest(context_id=context_id))
+    except EngineUnavailable:
+        return  # a dead engine holds nothing
+    except ParrotError as e:
+        if e.status != 404:  # 404: never created (its fill was refused)
+            log.warning("context %s not freed: %s", context_id, e.message)
 
 
 class PrefixContexts:
-    def __init__(self, cache: PrefixCache, config: ManagerConfig, run_id: str = "") -> None:
+    def __init__(self, cache: PrefixCache, config: ManagerConfig, run_id: str = "", clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock
         self.cache = cache
         self.config = config
         self.run_id = run_id  # the manager's run: prefix context ids never repeat across restarts
@@ -139,18 +132,18 @@ class PrefixContexts:
             parent = existing or self._create(engine, parent, point, token_ids, objective, priority, owner, early)
         if parent is None:
             return None
-        self.cache.acquire(parent, time.monotonic())
+        self.cache.acquire(parent, self.clock.now())
         try:
             await self._ready(parent)
         except BaseException:
-            self.cache.release(parent, time.monotonic())
+            self.cache.release(parent, self.clock.now())
             raise
         if hit is not None:
             hit.num_hits += 1
         return Lease(parent, hit_tokens)
 
     def release(self, lease: Lease) -> None:
-        self.cache.release(lease.entry, time.monotonic())
+        self.cache.release(lease.entry, self.clock.now())
 
     def _create(
         self,
@@ -166,7 +159,7 @@ class PrefixContexts:
         context_id = f"pfx-{self.run_id}-{next(self._ids)}-{point.prefix_hash[:12]}"
         entry = PrefixEntry(point.prefix_hash, engine.engine_id, context_id, point.num_tokens, parent)
         entry.created_for, entry.created_early = owner, early
-        entry.last_used = time.monotonic()
+        entry.last_used = self.clock.now()
         self.cache.add(entry)
         if parent is not None:
             self.cache.acquire(parent, entry.last_used)  # until the fork has read it
@@ -195,7 +188,7 @@ class PrefixContexts:
             raise
         finally:
             if entry.parent is not None:
-                self.cache.release(entry.parent, time.monotonic())
+                self.cache.release(entry.parent, self.clock.now())
             self._fills.pop(id(entry), None)
 
     async def _ready(self, entry: PrefixEntry) -> None:
@@ -239,8 +232,6 @@ class PrefixContexts:
     def _free(self, engine: EngineHandle, entry: PrefixEntry) -> None:
         if not engine.alive:
             return
-        task = asyncio.get_running_loop().create_task(
-            free_with_retry(engine.client, entry.context_id, self.config.free_timeout_s)
-        )
+        task = asyncio.get_running_loop().create_task(free_context(engine.client, entry.context_id))
         self._frees.add(task)
         task.add_done_callback(self._frees.discard)

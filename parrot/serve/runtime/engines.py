@@ -8,14 +8,14 @@ serving; a dead engine keeps its handle (for status) and is never scheduled agai
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from parrot.protocol.engine_api import EngineStats
 from parrot.protocol.engine_client import EngineClient, engine_model_folder
 from parrot.protocol.errors import ParrotError
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.text import Tokenizer
 
 
@@ -33,13 +33,16 @@ class EngineHandle:
     max_running_calls: int | None = None  # given at registration; else the manager's limit
     alive: bool = True  # False once the health monitor declared it dead (never revived)
     suspected: bool = False  # a call could not reach it: no new work until it answers a heartbeat
-    last_heartbeat: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = 0.0  # the pool's clock at registration, then at each answered heartbeat
     latency_cap: int = 1 << 30  # calibrated by the health monitor (capacity.py)
     url: str | None = None
 
 
 class EnginePool:
-    def __init__(self, clients: Sequence[EngineClient], tokenizer_folder: str | Path | None = None) -> None:
+    def __init__(
+        self, clients: Sequence[EngineClient], tokenizer_folder: str | Path | None = None, clock: Clock = REAL_CLOCK
+    ) -> None:
+        self.clock = clock
         if not clients:
             raise ParrotError("a manager needs at least one engine", field="engines")
         self._clients = list(clients)
@@ -78,6 +81,7 @@ class EnginePool:
             self._tokenizers[folder],
             stats,
             max_running_calls=max_running_calls,
+            last_heartbeat=self.clock.now(),
             url=url,
         )
         self.handles[engine_id] = handle

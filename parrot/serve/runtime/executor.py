@@ -10,11 +10,10 @@ Event-driven: a new call, a set variable, a new `get`, a finished call or a dead
 dirty and wakes one loop, which (1) re-deduces changed sessions' objectives and recomputes dirty
 calls' views, (2) asks the policy for a plan and (3) applies it. Only step 3 has effects.
 
-A whole DAG submitted at once runs level after level with no client round trip. A call's tasks run
-one after another (an early fill, then the run): its context never sees two of our requests at
-once. A run whose engine stops answering waits again and is dispatched again (on a live engine, at
-most `max_call_attempts` runs; its runner resumes the outputs); one that runs past
-`call_deadline_s` fails with 504 (its engine work stops).
+A whole DAG submitted at once runs level after level with no client round trip. A call's tasks run one after
+another (an early fill, then the run): its context never sees two of our requests at once. A run whose engine
+stops answering waits again and is dispatched again (on a live engine, at most `max_call_attempts` runs; its
+runner resumes the outputs); one that runs past `call_deadline_s` fails with 504 (its engine work stops).
 """
 
 from __future__ import annotations
@@ -23,20 +22,20 @@ import asyncio
 import functools
 import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.config import ManagerConfig
-from parrot.serve.policy.plan import CallKey, CallView, Plan, Snapshot
+from parrot.serve.policy.plan import CallKey, Plan, Snapshot
 from parrot.serve.policy.registry import make_policy
 from parrot.serve.runtime.call_run import CallRun, CallState, EngineSlot
 from parrot.serve.runtime.call_runner import CallRunner
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.deduction import apply_deductions
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
+from parrot.serve.runtime.frees import ContextFrees
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.session import Session
 from parrot.serve.runtime.variable import Variable
@@ -61,12 +60,13 @@ class GraphExecutor:
         self._runs: dict[CallKey, CallRun] = {}  # the table (module docstring)
         self._sessions: dict[str, Session] = {}  # the sessions of the table's calls
         self._deduce: dict[str, Session] = {}  # sessions whose objectives need deducing again
-        self._frees: set[asyncio.Task[None]] = set()  # context frees in flight
+        self._frees = ContextFrees()  # context frees in flight
         self._views = CallViews(pool, config, None if prefixes is None else prefixes.cache)
         self._order = itertools.count()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.num_steps = 0
+        self.on_finish: Callable[[CallRun], None] = lambda run: None  # metrics (ServeMetrics)
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._loop(), name="parrot-graph-executor")
@@ -128,7 +128,7 @@ class GraphExecutor:
 
     def _start_over(self, run: CallRun) -> None:
         """A waiting call's early work is lost: forget its runner; it may go anywhere now."""
-        self._retire(run)
+        self._frees.retire(run)
         run.unplace()
         self._wake.set()
 
@@ -147,7 +147,7 @@ class GraphExecutor:
         await asyncio.gather(*tasks, return_exceptions=True)
         # Early-filled calls that never ran still hold a context.
         for run in runs:
-            self._retire(run)
+            self._frees.retire(run)
         self._wake.set()
 
     def num_in_flight(self) -> int:
@@ -156,7 +156,7 @@ class GraphExecutor:
 
     async def drain(self) -> None:
         """Until every context free in flight is done (frees wait for generations to end)."""
-        await asyncio.gather(*self._frees, return_exceptions=True)
+        await self._frees.drain()
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -193,20 +193,34 @@ class GraphExecutor:
 
     # --- applying a plan --------------------------------------------------------------------------
 
+    def cancel(self, session: Session, run: CallRun) -> None:
+        """The client cancels an unfinished call: its outputs fail (410), its run or early fill is
+        cancelled (closing the generation's stream aborts it on the engine), its context is freed."""
+        key, task = (session.session_id, run.call.call_id), run.task
+        error = ParrotError(f"call {run.call.call_id} was cancelled by the client", status=410, field="call_id")
+        if run.state is CallState.WAITING:
+            self._fail_waiting(key, error)
+        else:
+            self._finish(session, run, error)
+            self._chain(key, run, functools.partial(self._retire_after, run))  # after its run ends
+        if task is not None:
+            task.cancel()
+
+    def _fail_waiting(self, key: CallKey, error: ParrotError) -> None:
+        session, run = self._take(key)
+        self._finish(session, run, error)
+        if run.runner is not None:
+            self._chain(key, run, functools.partial(self._retire_after, run))
+        self._forget_if_settled(key, run)
+
     def _apply(self, plan: Plan) -> None:
         for fail in plan.fail:
-            session, run = self._take(fail.key)
-            call = run.call
-            var = session.graph.variables[fail.var_id]
+            call = self._runs[fail.key].call
+            var = self._sessions[fail.key[0]].graph.variables[fail.var_id]
             assert var.error is not None
             name = next(n for n, v in call.inputs.items() if v == fail.var_id)
-            error = ParrotError(
-                f"input {name!r} of call {call.call_id} failed: {var.error.message}", status=424, field=var.error.field
-            )
-            self._finish(session, run, error)
-            if run.runner is not None:
-                self._chain(fail.key, run, functools.partial(self._retire_after, run))
-            self._forget_if_settled(fail.key, run)
+            message = f"input {name!r} of call {call.call_id} failed: {var.error.message}"
+            self._fail_waiting(fail.key, ParrotError(message, status=424, field=var.error.field))
         for fill in plan.early_fill:
             run = self._runs[fill.key]
             runner = self._runner(self._sessions[fill.key[0]], run, fill.engine_id)
@@ -227,17 +241,18 @@ class GraphExecutor:
             engine.num_running_calls += 1
             engine.num_latency_calls += is_latency
             run.slot = EngineSlot(engine, is_latency, runner)
+            self._views.placed.add(id(run), dispatch.key[0], run.task_group, dispatch.engine_id, run.tenant)
             run.state = CallState.RUNNING
             run.engine_id = dispatch.engine_id
-            run.dispatched_at = time.monotonic()
+            run.dispatched_at = self.pool.clock.now()
             work = functools.partial(self._run, session, dispatch.key, run, runner, engine)
             self._chain(dispatch.key, run, work, counted=runner)
 
     def _uncount(self, run: CallRun, runner: CallRunner) -> None:
         """The run of `runner` ended: its engine has room again (a later run of the call keeps its own)."""
-        slot = run.slot
-        if slot is not None and slot.runner is runner:
+        if (slot := run.slot) is not None and slot.runner is runner:
             run.slot = None
+            self._views.placed.remove(id(run))
             slot.engine.num_running_calls -= 1
             slot.engine.num_latency_calls -= slot.is_latency
             self._wake.set()
@@ -263,6 +278,7 @@ class GraphExecutor:
                 self.pool.handles[engine_id],
                 lambda var: self.variables_set(session, [var]),
                 self.prefixes,
+                self.pool.clock,
             )
         return run.runner
 
@@ -306,9 +322,7 @@ class GraphExecutor:
                 self.on_engine_error(runner.engine.engine_id)
                 self._start_over(run)
                 return
-            session, _ = self._take(key)
-            self._finish(session, run, ParrotError(f"call {run.call.call_id} failed: {e.message}", status=e.status))
-            self._retire(run)
+            self._fail_waiting(key, ParrotError(f"call {run.call.call_id} failed: {e.message}", status=e.status))
 
     async def _run(
         self, session: Session, key: CallKey, run: CallRun, runner: CallRunner, engine: EngineHandle
@@ -318,7 +332,7 @@ class GraphExecutor:
         error: ParrotError | None = None
         try:
             if runner.engine is not engine:  # the early fill went elsewhere
-                await runner.rebind(engine, self.config.free_timeout_s)
+                await runner.rebind(engine)
             if runner.engine_lost:
                 raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
             async with asyncio.timeout(self.config.call_deadline_s):  # in this task: no extra hop
@@ -349,7 +363,7 @@ class GraphExecutor:
         if error is not None:
             error = ParrotError(f"call {call.call_id} failed: {error.message}", status=error.status, field=error.field)
         self._finish(session, run, error)
-        self._retire(run)
+        self._frees.retire(run)
 
     def _requeue(self, session: Session, key: CallKey, run: CallRun, runner: CallRunner) -> bool:
         """Put a call whose engine stopped answering back to waiting; False if out of attempts."""
@@ -361,7 +375,7 @@ class GraphExecutor:
             return False  # its session was deleted meanwhile
         log.warning("engine %s lost call %s; dispatching it again", runner.engine.engine_id, runner.context_id)
         self.on_engine_error(runner.engine.engine_id)
-        self._retire(run)
+        self._frees.retire(run)
         self._uncount(run, runner)
         run.requeue()
         self._wake.set()
@@ -369,7 +383,8 @@ class GraphExecutor:
 
     def _finish(self, session: Session, run: CallRun, error: ParrotError | None) -> None:
         run.state = CallState.DONE if error is None else CallState.FAILED
-        run.finished_at = time.monotonic()
+        run.finished_at = self.pool.clock.now()
+        self.on_finish(run)
         if error is not None:
             failed = []
             for var_id in run.call.outputs.values():
@@ -380,21 +395,5 @@ class GraphExecutor:
             self.variables_set(session, failed)
         self._wake.set()
 
-    def _retire(self, run: CallRun) -> None:
-        """Drop the call's runner and free its context in a task of its own, which cancelling the
-        call does not interrupt (the free waits for the engine's work on the context to end)."""
-        runner, run.runner = run.runner, None
-        if runner is None:
-            return
-        if runner.counts_as_early_filled:
-            runner.counts_as_early_filled = False
-            runner.engine.num_early_filled_calls -= 1
-        task = asyncio.get_running_loop().create_task(runner.free(self.config.free_timeout_s))
-        self._frees.add(task)
-        task.add_done_callback(self._frees.discard)
-
     async def _retire_after(self, run: CallRun) -> None:
-        self._retire(run)
-
-
-__all__ = ["CallView", "GraphExecutor"]
+        self._frees.retire(run)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from parrot.protocol.engine_api import LeaseRequest
@@ -74,7 +73,7 @@ class HealthMonitor:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await self.pool.clock.sleep(self.config.heartbeat_interval_s)
             await asyncio.gather(*(self.probe(h) for h in self.pool.alive), return_exceptions=True)
 
     def suspect(self, engine_id: str) -> None:
@@ -96,12 +95,12 @@ class HealthMonitor:
                 stats = await handle.client.stats()
         except (ParrotError, TimeoutError, OSError) as e:
             refused = suspected and isinstance(e, EngineUnavailable)
-            silent_s = time.monotonic() - handle.last_heartbeat
+            silent_s = self.pool.clock.now() - handle.last_heartbeat
             if refused or silent_s >= self.config.engine_dead_after_s:
                 self.declare_dead(handle, f"{type(e).__name__}: {e}")
             return False
         handle.stats = stats
-        handle.last_heartbeat = time.monotonic()
+        handle.last_heartbeat = self.pool.clock.now()
         handle.suspected = False
         self.calibrate(handle)
         await self._renew_lease(handle)
@@ -114,7 +113,7 @@ class HealthMonitor:
     async def _renew_lease(self, handle: EngineHandle) -> None:
         if self.lease is None:
             return
-        now = time.monotonic()
+        now = self.pool.clock.now()
         if now - self._lease_renewed.get(handle.engine_id, -math.inf) < self.lease.ttl_s / 4:
             return
         try:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 
 from parrot.protocol.errors import ParrotError
+from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.call_run import CallRun, CallState
-from parrot.serve.runtime.graph import SessionGraph
+from parrot.serve.runtime.graph import SessionGraph, StagedBatch
 from parrot.serve.runtime.rate import RateLimiter
 
 _NUM_TOMBSTONES = 10_000
@@ -37,14 +37,17 @@ def _hash(token: str) -> str:
 
 
 class Session:
-    def __init__(self, session_id: str, tenant: str, token_hash: str, idle_timeout_s: float) -> None:
+    def __init__(
+        self, session_id: str, tenant: str, token_hash: str, idle_timeout_s: float, clock: Clock = REAL_CLOCK
+    ) -> None:
+        self.clock = clock
         self.session_id = session_id
         self.tenant = tenant
         self.token_hash = token_hash
         self.idle_timeout_s = idle_timeout_s
         self.graph = SessionGraph()  # the calls' and variables' structure
         self.runs: dict[str, CallRun] = {}  # call_id -> the call's run state (call_run.py)
-        self.last_active = time.monotonic()
+        self.last_active = self.clock.now()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
         self.num_chars = 0  # text stored: templates and input values (ManagerConfig.max_chars_per_session)
@@ -71,21 +74,25 @@ class Session:
             )
 
     def touch(self) -> None:
-        self.last_active = time.monotonic()
+        self.last_active = self.clock.now()
 
     def idle_s(self, now: float | None = None) -> float:
-        return 0.0 if self.num_waiting_gets else (now or time.monotonic()) - self.last_active
+        return 0.0 if self.num_waiting_gets else (self.clock.now() if now is None else now) - self.last_active
 
 
 class SessionRegistry:
-    def __init__(self, config: ManagerConfig, run_id: str = "") -> None:
+    def __init__(self, config: ManagerConfig, run_id: str = "", clock: Clock = REAL_CLOCK) -> None:
         self.config = config
+        self.clock = clock
         self.run_id = run_id  # in every token: an earlier run's token is told its session was lost
         self.sessions: dict[str, Session] = {}
         self._by_tenant: dict[str, set[Session]] = {}  # tenant -> its open sessions (quotas)
+        # tenant -> [calls, their tokens] its open sessions hold, finished or not: bounds on its load
+        # that cost nothing to read (the quota check counts exactly only near a limit)
+        self._committed: dict[str, list[int]] = {}
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
-        self.rates = RateLimiter(config.max_requests_per_s_per_tenant, config.request_burst_per_tenant)
+        self.rates = RateLimiter(config.max_requests_per_s_per_tenant, config.request_burst_per_tenant, clock.now)
 
     def tenant_of(self, api_key: str | None) -> str:
         """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
@@ -97,6 +104,16 @@ class SessionRegistry:
         tenant = "tenant-" + _hash(api_key)[:16]
         self.rates.charge(tenant)
         return tenant
+
+    def admit(self, session: Session, staged: StagedBatch) -> None:
+        """A checked batch joins `session`: 429 if its tokens pass the tenant's tokens in flight, else
+        count its calls and tokens (the tenant's, which only grow until the session is removed) and text."""
+        num_tokens = sum(call.num_tokens for call in staged.calls)
+        self.check_tenant_load(session.tenant, num_tokens=num_tokens)
+        committed = self._committed.setdefault(session.tenant, [0, 0])
+        committed[0] += len(staged.calls)
+        committed[1] += num_tokens
+        session.num_chars += staged.num_chars
 
     def of_tenant(self, tenant: str) -> set[Session]:
         """The tenant's open sessions."""
@@ -118,17 +135,25 @@ class SessionRegistry:
         """429 (retry in 1 s) if `num_calls` more unfinished calls, or `num_tokens` more tokens in
         flight, would pass the tenant's limit."""
         sessions = self.of_tenant(tenant)
-        checks: list[tuple[str, int, int, Callable[[Session], int]]] = [
-            ("unfinished calls", num_calls, self.config.max_open_calls_per_tenant, lambda s: s.num_open_calls),
+        bounds = self._committed.get(tenant, [0, 0])
+        checks: list[tuple[str, int, int, int, Callable[[Session], int]]] = [
+            (
+                "unfinished calls",
+                num_calls,
+                self.config.max_open_calls_per_tenant,
+                bounds[0],
+                lambda s: s.num_open_calls,
+            ),
             (
                 "tokens in flight (prompts and max_tokens of unfinished calls)",
                 num_tokens,
                 self.config.max_tokens_in_flight_per_tenant,
+                bounds[1],
                 lambda s: s.num_tokens_in_flight,
             ),
         ]
-        for what, num_new, limit, held in checks:
-            if num_new:
+        for what, num_new, limit, bound, held in checks:
+            if num_new and bound + num_new > limit:  # even if none had finished: no exact count needed
                 num_held = sum(held(s) for s in sessions)
                 if num_held + num_new > limit:
                     raise ParrotError(
@@ -166,7 +191,9 @@ class SessionRegistry:
             )
         session_id = f"s-{self.run_id}-{secrets.token_hex(8)}"  # its contexts' ids start with it
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
-        session = Session(session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s)
+        session = Session(
+            session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s, self.clock
+        )
         self.sessions[session_id] = session
         self._by_tenant.setdefault(tenant, set()).add(session)
         self._by_token_hash[session.token_hash] = session
@@ -206,6 +233,9 @@ class SessionRegistry:
         session = self.sessions.pop(session_id, None)
         if session is not None:
             self._by_tenant[session.tenant].discard(session)
+            committed = self._committed.get(session.tenant, [0, 0])
+            committed[0] -= len(session.runs)
+            committed[1] -= sum(call.num_tokens for call in session.graph.calls.values())
             del self._by_token_hash[session.token_hash]
             self._tombstones[session.token_hash] = (session_id, why)
             while len(self._tombstones) > _NUM_TOMBSTONES:
@@ -213,5 +243,5 @@ class SessionRegistry:
         return session
 
     def expired(self, now: float | None = None) -> list[Session]:
-        now = now or time.monotonic()
+        now = self.clock.now() if now is None else now
         return [s for s in self.sessions.values() if s.idle_s(now) > s.idle_timeout_s]

@@ -10,7 +10,6 @@ refreshed at every snapshot, since other calls create and evict cached prefixes 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping
 
 from parrot.serve.config import ManagerConfig
@@ -20,6 +19,7 @@ from parrot.serve.runtime.analysis import failed_input, inputs_ready, num_ready_
 from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.contexts import prompt_points
 from parrot.serve.runtime.engines import EnginePool
+from parrot.serve.runtime.placements import Placements
 from parrot.serve.runtime.prefix_cache import PrefixCache
 from parrot.serve.runtime.variable import Variable
 
@@ -29,6 +29,7 @@ class CallViews:
         self.pool = pool
         self.config = config
         self.cache = cache
+        self.placed = Placements()  # where the running calls are; the executor adds and removes them
 
     def update(self, key: CallKey, variables: Mapping[str, Variable], run: CallRun) -> None:
         """Compute the waiting call's view (and prefix points) into its record."""
@@ -36,7 +37,7 @@ class CallViews:
         failed = failed_input(call, variables)
         ready = inputs_ready(call, variables)
         num_ready = num_ready_pieces(call, variables)
-        now = time.monotonic()
+        now = self.pool.clock.now()
         if ready and run.ready_since is None:
             run.ready_since = now
         points: tuple[PrefixPoint, ...] = ()
@@ -64,7 +65,9 @@ class CallViews:
 
     def snapshot(self, runs: Mapping[CallKey, CallRun]) -> Snapshot:
         """The policy's input: every waiting call's view, every engine's, and where the running
-        calls of each task group and application are."""
+        calls of each task group and application are (from `placed`, which the executor keeps as
+        runs take and give back engine slots: a step does not walk the running calls)."""
+        placed = self.placed
         engines = tuple(
             EngineView(
                 h.engine_id,
@@ -79,27 +82,15 @@ class CallViews:
             )
             for h in self.pool.handles.values()
         )
-        groups: dict[str, set[str]] = {}
-        apps: dict[str, set[str]] = {}
-        tenants: dict[str, dict[str, int]] = {}
-        for (session_id, _), run in runs.items():
-            if run.slot is None:
-                continue
-            engine_id = run.slot.engine.engine_id
-            on_engine = tenants.setdefault(engine_id, {})
-            on_engine[run.tenant] = on_engine.get(run.tenant, 0) + 1
-            if run.task_group is not None:
-                groups.setdefault(f"{session_id}/{run.task_group}", set()).add(engine_id)
-            apps.setdefault(session_id, set()).add(engine_id)
         return Snapshot(
             self.current(runs.values()),
             engines,
             self.config.early_fill,
-            now=time.monotonic(),
+            now=self.pool.clock.now(),
             aging_s=self.config.aging_s,
-            group_engines={g: tuple(sorted(es)) for g, es in groups.items()},
-            app_engines={a: tuple(sorted(es)) for a, es in apps.items()},
-            tenant_running=tenants,
+            group_engines=placed.group_engines,
+            app_engines=placed.app_engines,
+            tenant_running=placed.tenant_running,
         )
 
     def current(self, runs: Iterable[CallRun]) -> tuple[CallView, ...]:

@@ -1,0 +1,1 @@
+"""Benchmarks on the simulator (parrot.sim): the real manager over simulated engines, virtual time."""

@@ -1,0 +1,233 @@
+"""The paper's evaluation at full scale on the simulator: the real manager over simulated A100 /
+A6000 engines on a virtual clock (parrot.sim), Parrot against the request-level baselines.
+
+    python -m benchmarks.sim_paper            # the whole suite (~10-20 min of wall time here)
+    python -m benchmarks.sim_paper --quick    # one point per figure (~2 min)
+    python -m benchmarks.sim_paper --only gpts multi_agent
+
+Writes bench_results/sim_paper/{results.json, results.md, *.png}: every point's metric per
+configuration, and the table of our ratios against the paper's figures 11-18 (ours, paper's,
+difference, and the reason where it passes 25%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.netsim import RttModel
+from benchmarks.scaling import load_paper_workloads
+from benchmarks.sim.cluster import CONFIGS, tokenizer_folder
+from benchmarks.sim.suite import COMPARISONS, GPTS_THRESHOLD_MS, Comparison, Result, points, run_point
+from benchmarks.sim.words import Words
+from parrot.sim import profiles
+from parrot.text import Tokenizer
+
+OUT = Path("bench_results/sim_paper")
+
+# Why a ratio differs from the paper's by more than 25% (read from the runs; see README "Simulator").
+REASONS = {
+    "map-reduce vs latency-centric (most)": "our latency-centric baseline caps a step at 128 batched tokens, which "
+    "never limits 20-53 map decodes (one token each); the paper's latency-centric vLLM also bounded the batch, so "
+    "its maps ran in waves. Here the gain is the round trips and the maps' prefill in big steps.",
+    "chain + background load vs vLLM (most)": "the background stream (512-token prompts, 50 outputs, <= 3.5/s) "
+    "adds little load to a simulated A100 (about 5% of its decode capacity); the paper's gain with background "
+    "came from its vLLM batching the chain's calls with the background's at a large batch's time per token.",
+    "copilot vs vLLM with prefix sharing (most)": "the simulated vLLM reads each row's 6k-token shared prompt from "
+    "memory (paged attention per sequence): decode is KV-bandwidth-bound (32 rows x 6k tokens x 0.5 MB), which "
+    "Parrot's shared-prefix attention reads once. The paper's vLLM at the time shared the prompt's blocks too but "
+    "its measured gain was smaller: its kernels were less bandwidth-bound than this model assumes.",
+    "copilot (64) vs no sharing": "without sharing, 64 x 6k-token prompts do not fit the 7B's KV cache on an "
+    "A6000 (57k tokens): requests run in waves, recomputing prompts; the paper's 2.4x was measured at fewer "
+    "requests per batch.",
+    "GPTs sustainable rate vs vLLM": "both stay under 100 ms/token at every rate swept (1-32 req/s), so the rate "
+    "ratio is 1: 100 requests per rate are a burst the four simulated A6000s drain, not a steady overload. The "
+    "latency gap is there: at 32 req/s Parrot's normalized latency is 2.5x lower than (c)'s and 4x lower than "
+    "(b)'s. A steady-state sweep (thousands of requests per rate) was left out for wall time.",
+    "GPTs sustainable rate vs w/o affinity": "both stay under the threshold at every rate swept (see above); "
+    "without affinity Parrot is 1.13-1.22x slower per token: FIFO placement still shares each app's prompt "
+    "through the prefix index, and each engine's KV cache holds all four prompts, so co-location matters "
+    "less than in the paper, where prompts competed for memory.",
+    "multi-agent (16 files) vs latency-centric": "the paper's latency-centric vLLM ran one request at a time per "
+    "small batch; ours caps batched tokens (128), which still batches the 16 files' decodes, so it is much faster "
+    "than the paper's.",
+}
+
+
+def ratio_of(c: Comparison, table: dict[tuple[str, str], dict[str, float]]) -> float | None:
+    """baseline / Parrot at the comparison's points (the largest where there are several); for a
+    sustainable rate, Parrot's highest rate under the threshold over the baseline's."""
+    if c.sustainable:
+        rates = {}
+        for config in ("parrot", c.baseline):
+            ok = [
+                float(p.split("/")[1])
+                for p in c.points
+                if table.get((p, config), {}).get(c.metric, 1e9) <= GPTS_THRESHOLD_MS
+            ]
+            rates[config] = max(ok) if ok else None
+        if rates["parrot"] is None:
+            return None
+        return rates["parrot"] / (rates[c.baseline] or min(float(p.split("/")[1]) for p in c.points) / 2)
+    ratios = [
+        table[(p, c.baseline)][c.metric] / table[(p, "parrot")][c.metric]
+        for p in c.points
+        if (p, "parrot") in table and (p, c.baseline) in table
+    ]
+    return max(ratios) if ratios else None
+
+
+def difference(ours: float, low: float, high: float) -> float:
+    """Relative distance of ours from the paper's range (0 inside it)."""
+    if low <= ours <= high:
+        return 0.0
+    bound = low if ours < low else high
+    return (ours - bound) / bound
+
+
+def write_tables(results: list[Result], meta: dict[str, Any]) -> str:
+    table = {(r.point, r.config): r.metrics for r in results}
+    lines = ["# The paper's evaluation on the simulator", "", meta["about"], ""]
+    lines += ["## Ours against the paper (ratio = baseline / Parrot; above 1: Parrot is better)", ""]
+    lines += [
+        "| figure | comparison | ours | paper | difference | within 25% | why not |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for c in COMPARISONS:
+        ours = ratio_of(c, table)
+        paper = f"{c.paper_low:g}x" if c.paper_low == c.paper_high else f"{c.paper_low:g}-{c.paper_high:g}x"
+        if ours is None:
+            lines.append(f"| {c.figure} | {c.what} | not run | {paper} | — | — | |")
+            continue
+        diff = difference(ours, c.paper_low, c.paper_high)
+        ok = abs(diff) <= 0.25
+        why = "" if ok else REASONS.get(c.what, "")
+        lines.append(
+            f"| {c.figure} | {c.what} | {ours:.2f}x | {paper} | {diff:+.0%} | {'yes' if ok else 'no'} | {why} |"
+        )
+    lines += [
+        "",
+        f"Sustainable rate: the highest request rate whose normalized latency stays <= {GPTS_THRESHOLD_MS:g} ms/token.",
+        "",
+    ]
+    lines += [
+        "## Every point",
+        "",
+        "| point | setup | configuration | metrics | virtual s | wall s | steps | prefill tokens | preemptions "
+        "| peak KV blocks |",
+    ]
+    lines += ["|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    setups = {p.key: p.setup for p in points(load_paper_workloads(), False)} | meta.get("setups", {})
+    for r in results:
+        m = ", ".join(f"{k}={v:.2f}" for k, v in r.metrics.items())
+        n = r.counters or {"steps": 0, "prefill_tokens": 0, "preemptions": 0, "peak_kv_blocks": 0}
+        lines.append(
+            f"| {r.point} | {setups.get(r.point, '')} | {CONFIGS[r.config].label} | {m} | {r.virtual_s:.1f} | "
+            f"{r.wall_s:.1f} | {n['steps']:.0f} | {n['prefill_tokens']:.0f} | {n['preemptions']:.0f} | "
+            f"{n['peak_kv_blocks']:.0f} |"
+        )
+    lines += ["", "## Setups", ""]
+    for name in ("a100-13b", "a6000-7b"):
+        s = profiles.setup(name)
+        lines.append(
+            f"- **{name}**: {s.about}; {s.hardware.about}; {s.model.about}; {s.num_blocks} KV blocks of "
+            f"{s.block_size} tokens; step budget {s.max_num_batched_tokens} tokens, "
+            f"{s.latency_max_batched_tokens} while latency work decodes"
+        )
+    lines += ["", "## Configurations", ""]
+    for cfg in CONFIGS.values():
+        client = "SDK, whole DAG per submission" if cfg.parrot else "request-level client, a round trip per call"
+        lines.append(
+            f"- **{cfg.label}** (`{cfg.key}`): {client}; policy {cfg.policy}; prefix sharing "
+            f"{'on' if cfg.prefix_sharing else 'off'}; engine latency cap {'on' if cfg.latency_cap else 'off'}; "
+            f"{'shared-prefix' if cfg.shared_prefix_attention else 'paged'} attention"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[Result], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {
+        "gpts": "norm_latency_ms",
+        "many_chains": "mean_jct_s",
+        "multi_agent": "jct_s",
+        "copilot": "mean_latency_s",
+        "map_reduce": "jct_s",
+    }
+    written = []
+    by_point = {p.key: p for p in points(load_paper_workloads(), False)}
+    for prefix, metric in figures.items():
+        rows = [r for r in results if r.point.startswith(prefix + "/") and r.point in by_point]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for config in dict.fromkeys(r.config for r in rows):
+            xs = [(by_point[r.point].x, r.metrics[metric]) for r in rows if r.config == config]
+            xs.sort()
+            ax.plot([x for x, _ in xs], [y for _, y in xs], marker="o", label=CONFIGS[config].label)
+        ax.set_title(f"{by_point[rows[0].point].figure} (simulated)")
+        ax.set_ylabel(metric)
+        ax.set_yscale("log" if prefix in ("gpts", "multi_agent") else "linear")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{prefix}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one point per figure")
+    parser.add_argument("--only", nargs="*", default=None, help="workload prefixes (chain, gpts, ...)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--keep", action="store_true", help="keep the points results.json has; run the others")
+    parser.add_argument("--table-only", action="store_true", help="write the table and plots from results.json")
+    args = parser.parse_args()
+    pw = load_paper_workloads()
+    rtt = RttModel.from_workloads(pw)
+    words = Words(Tokenizer(tokenizer_folder()))
+    todo = [p for p in points(pw, args.quick) if not args.only or any(p.key.startswith(o) for o in args.only)]
+    results: list[Result] = []
+    saved = args.out / "results.json"
+    if (args.keep or args.table_only) and saved.exists():
+        results = [Result(**r) for r in json.loads(saved.read_text())["results"]]
+    done = {(r.point, r.config) for r in results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for point in [] if args.table_only else todo:
+        for config in point.configs:
+            if (point.key, config) in done:
+                continue
+            result = run_point(point, config, rtt, words)
+            results.append(result)
+            saved.write_text(json.dumps({"meta": {}, "results": [asdict(r) for r in results]}, indent=1))
+            took = f"virtual {result.virtual_s:.1f} s, wall {result.wall_s:.1f} s"
+            print(f"{point.key:22} {config:13} {result.metrics}  {took}", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    wall = sum(r.wall_s for r in results)
+    about = (f"Commit {commit}, {platform.processor() or platform.machine()}; simulated on a virtual clock: "
+             f"{sum(r.virtual_s for r in results) / 3600:.1f} h of serving in {wall / 60:.1f} min of wall time. "
+             "Same RTT draws per configuration; Parrot's apps are submitted whole through the manager's API, the "
+             "baselines' calls one by one as plain prompts.")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"about": about, "wall_s": wall, "commit": commit, "setups": {p.key: p.setup for p in todo}}
+    (args.out / "results.json").write_text(
+        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1)
+    )
+    (args.out / "results.md").write_text(write_tables(results, meta))
+    print("plots:", plot(results, args.out))
+    print((args.out / "results.md").read_text().split("## Every point")[0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from parrot.cli import main
+
+main()

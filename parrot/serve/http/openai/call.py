@@ -1,0 +1,154 @@
+"""One OpenAI request as a session of `n` calls (one per choice) sharing one prompt.
+
+The session is created with the request and deleted when the answer is complete, which frees
+the engine contexts even when the client goes away mid-stream. With `n` > 1 the calls are forks
+of one filled prompt (Manager.submit_parsed). A stream merges the choices' chunks as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from parrot.protocol.errors import ParrotError
+from parrot.protocol.openai_api import PromptTokensDetails, Usage
+from parrot.protocol.public_api import CallSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
+from parrot.serve.manager import Manager
+from parrot.serve.runtime.call_run import CallRun
+from parrot.serve.runtime.session import Session
+from parrot.serve.runtime.variable import Variable
+from parrot.web.edge import unless_disconnected
+
+OUTPUT = "completion"
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+_MAX_WAIT_S = 24 * 3600.0
+
+
+@dataclass
+class Choice:
+    index: int
+    record: CallRun  # usage, finish reason, tokens
+    var: Variable
+
+    def finish_reason(self) -> str | None:
+        reason = self.record.finish_reasons.get(OUTPUT)
+        return None if reason is None else _FINISH.get(reason, reason)
+
+
+class OneCall:
+    """Validates and submits at once (errors are 4xx before any response starts)."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        api_key: str | None,
+        model: str,
+        prompt: str | list[int],
+        sampling: list[SamplingParams],
+        prefixes: list[str] | None = None,
+        rename: Callable[[ParrotError], ParrotError] = lambda e: e,
+    ) -> None:
+        """`prompt`: text, or token ids (filled as given); `sampling`: one per choice; `rename`:
+        an engine's error about the sampling as one about the request's field."""
+        self.manager = manager
+        self.rename = rename
+        self.model = model
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        resolved = manager.pool.resolve_model(model)
+        if not prompt:
+            raise ParrotError("the prompt is empty", field="prompt")
+        engine = manager.pool.for_model(resolved)
+        self.tokenizer = engine.tokenizer
+        prompt_token_ids = None
+        if isinstance(prompt, list):
+            vocab_size = engine.tokenizer.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", field="prompt")
+            prompt_token_ids = prompt
+            prompt = engine.tokenizer.decode(prompt, skip_special_tokens=False) or "(token ids)"
+        self.prompt_text = prompt
+        bad = next((t for t in sampling[0].logit_bias if t >= engine.tokenizer.vocab_size), None)
+        if bad is not None:
+            raise ParrotError(
+                f"logit_bias: token id {bad} is outside the vocabulary [0, {engine.tokenizer.vocab_size})",
+                field="logit_bias",
+            )
+        created = manager.create_session(api_key)
+        self.session: Session = manager.sessions.sessions[created.session_id]
+        template = ParsedTemplate((TextPiece(prompt), Placeholder(OUTPUT, PlaceholderKind.OUTPUT)), (), (OUTPUT,))
+        try:
+            specs = [CallSpec(template=prompt, sampling={OUTPUT: s}, model=resolved, name="openai") for s in sampling]
+            calls = manager.submit_parsed(self.session, specs, template, prefixes or [], prompt_token_ids)
+        except BaseException:
+            self.manager.sessions.remove(self.session.session_id, "closed")
+            raise
+        graph = self.session.graph
+        self.choices = [
+            Choice(i, self.session.runs[c.call_id], graph.variables[c.outputs[OUTPUT]]) for i, c in enumerate(calls)
+        ]
+
+    def usage(self) -> Usage:
+        """The prompt counts once (the choices share it); completion tokens of every choice."""
+        first = self.choices[0].record
+        num_generated = sum(c.record.num_generated_tokens for c in self.choices)
+        return Usage(
+            prompt_tokens=first.num_prompt_tokens,
+            completion_tokens=num_generated,
+            total_tokens=first.num_prompt_tokens + num_generated,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=first.num_cached_tokens),
+        )
+
+    async def complete(self, request: Request | None = None) -> list[str]:
+        """Every choice's whole text; a client (`request`) that disconnects first ends the calls
+        (their engine work stops)."""
+        try:
+            wait = asyncio.gather(*(c.var.wait(_MAX_WAIT_S) for c in self.choices))
+            await (wait if request is None else unless_disconnected(request, wait))
+            texts = []
+            for c in self.choices:
+                if c.var.error is not None:
+                    raise self.rename(c.var.error)
+                assert c.var.value is not None
+                texts.append(c.var.value)
+            return texts
+        finally:
+            await self.manager.delete_session(self.session, "closed")
+
+    async def chunks(self, joined: bool) -> AsyncIterator[tuple[Choice, str | None]]:
+        """(choice, new text) as any choice streams, then (choice, None) once it ends; raises
+        ParrotError when one fails. `joined`: chunks of one choice that queued up come as one."""
+        queue: asyncio.Queue[tuple[Choice, str | None, ParrotError | None]] = asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                async for text in choice.var.stream(joined=joined):
+                    await queue.put((choice, text, None))
+                await queue.put((choice, None, None))
+            except ParrotError as e:
+                await queue.put((choice, None, self.rename(e)))
+
+        tasks = [asyncio.create_task(pump(c)) for c in self.choices]
+        try:
+            for _ in range(len(self.choices)):
+                while True:
+                    choice, text, error = await queue.get()
+                    if error is not None:
+                        raise error
+                    yield choice, text
+                    if text is None:
+                        break
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def close(self) -> None:
+        await self.manager.delete_session(self.session, "closed")

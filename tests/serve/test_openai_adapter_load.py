@@ -1,0 +1,152 @@
+"""What Parrot sends an upstream through the OpenAI adapter, against a fake vLLM (fake_openai.py):
+no more prompt tokens than plain requests for the same app; each call's objective and priority as
+vLLM's request `priority` (dropped, once, by an upstream that refuses it); and a step profile
+learned from the time per output token, from which the manager calibrates its latency cap."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+from fake_openai import FakeOpenAI
+from live_server import serve_app
+
+from parrot.backends.openai_dialect import upstream_priority
+from parrot.backends.openai_engine import OpenAIEngineClient
+from parrot.protocol.engine_api import FillRequest, GenerateRequest
+from parrot.protocol.objective import Criteria, Objective
+from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.serve import ManagerConfig, create_manager
+from parrot.serve.policy.capacity import calibrate_latency_cap
+
+SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
+GUIDE = "You are a careful assistant. Read the part below and write one short line about it, nothing else. " * 2
+PARTS = ["The river floods every spring.", "The harbor freezes every winter.", "The hills burn every summer."]
+MAP = GUIDE + "Part: {{input:p}}\nLine:{{output:s}}"
+REDUCE = "Join {{input:a}}, {{input:b}} and {{input:c}} into one line:{{output:j}}"
+SHORTEN = "Shorten: {{input:j}}\nShort:{{output:t}}"
+
+
+def app_calls() -> SubmitRequest:
+    """Three maps sharing a long instruction, their reduce, then a call on the reduce's output."""
+    maps = [CallSpec(template=MAP, bindings={"p": Binding(var_id=f"p{i}")}, default_sampling=SMALL) for i in range(3)]
+    reduce_bindings = {name: Binding(var_id=f"c{i}~s") for i, name in enumerate("abc")}
+    return SubmitRequest(
+        variables=[VariableSpec(var_id=f"p{i}", value=part) for i, part in enumerate(PARTS)],
+        calls=[
+            *maps,
+            CallSpec(template=REDUCE, bindings=reduce_bindings, default_sampling=SMALL),
+            CallSpec(template=SHORTEN, bindings={"j": Binding(var_id="c3~j")}, default_sampling=SMALL),
+        ],
+    )
+
+
+async def run_over_parrot(fake: FakeOpenAI, url: str, **adapter: bool) -> tuple[OpenAIEngineClient, list[object]]:
+    """The app on a manager whose one engine is the adapter over `url`: a person awaits the last
+    output. Returns the adapter and each call's (objective, priority) as the manager deduced them."""
+    client = OpenAIEngineClient(url, tokenizer_folder=fake.folder, **adapter)
+    manager = create_manager([client])
+    await manager.start()
+    created = manager.create_session("k")
+    session = manager.session(created.session_id, created.token)
+    manager.submit(session, app_calls())
+    manager.note_criteria(session, session.graph.variables["c4~t"], Criteria.LATENCY)
+    assert (await manager.get_variable(session, "c4~t")).value == " ok" * 4
+    deduced = [[session.runs[f"c{i}"].objective, session.runs[f"c{i}"].priority] for i in range(5)]
+    await manager.delete_session(session)
+    await manager.stop()
+    return client, deduced
+
+
+async def run_as_plain_requests(url: str) -> None:
+    """The same app as a request-level client runs it: each prompt rendered, one request per call."""
+    async with httpx.AsyncClient(base_url=url) as http:
+
+        async def complete(prompt: str) -> str:
+            body = {"model": "fake", "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+            return str((await http.post("/v1/completions", json=body)).json()["choices"][0]["text"])
+
+        lines = await asyncio.gather(*(complete(GUIDE + f"Part: {p}\nLine:") for p in PARTS))
+        joined = await complete(f"Join {lines[0]}, {lines[1]} and {lines[2]} into one line:")
+        await complete(f"Shorten: {joined}\nShort:")
+
+
+def test_parrot_sends_no_more_prompt_tokens_than_plain_requests(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder)
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(run_over_parrot(fake, url))
+        parrot = [fake.prompt_tokens(b) for b in fake.bodies]
+        fake.bodies.clear()
+        asyncio.run(run_as_plain_requests(url))
+        plain = [fake.prompt_tokens(b) for b in fake.bodies]
+    # The same five prompts, token for token: the cached prefix the maps fork from costs nothing
+    # upstream (the adapter's fill is local; the upstream's prefix cache shares it).
+    assert sorted(parrot) == sorted(plain)
+    assert len(parrot) == 5
+    assert sum(map(len, parrot)) == sum(map(len, plain))
+
+
+def test_objectives_and_priorities_reach_the_upstream_as_its_priority(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder)
+    with serve_app(fake.app()) as (url, _):
+        client, deduced = asyncio.run(run_over_parrot(fake, url))
+    # The maps are a task group (throughput) for a consumer a person awaits (priority 1); the
+    # reduce and the last call are latency-critical with the same priority.
+    t, lat = Objective.THROUGHPUT, Objective.LATENCY
+    assert deduced == [[t, 1], [t, 1], [t, 1], [lat, 1], [lat, 1]]
+    assert sorted(b.get("priority", 0) for b in fake.bodies) == [-1, -1, 2000, 2000, 2000]
+    assert [upstream_priority(t, 1), upstream_priority(lat, 1), upstream_priority(lat, 0)] == [2000, -1, 0]
+    assert client._upstream.send_priority is True
+
+
+def test_an_upstream_that_refuses_priorities_gets_none_from_then_on(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder, priority_scheduling=False)  # vLLM's default FCFS scheduler
+    with serve_app(fake.app()) as (url, _):
+        client, _ = asyncio.run(run_over_parrot(fake, url))
+    refused = [b["priority"] for b in fake.bodies if "priority" in b]
+    # Every call ran once without the field; only requests sent before the first refusal had it.
+    assert len(fake.bodies) - len(refused) == 5
+    assert 1 <= len(refused) <= 3
+    assert set(refused) == {2000}
+    assert client._upstream.send_priority is False
+    # A client told not to send priorities never does.
+    fake.bodies.clear()
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(run_over_parrot(fake, url, send_priority=False))
+    assert [len(fake.bodies), sum("priority" in b for b in fake.bodies)] == [5, 0]
+
+
+def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny_model_folder: Path) -> None:
+    # A batching upstream: each token takes 10 ms plus 10 ms per request it serves at once.
+    fake = FakeOpenAI(tiny_model_folder, step_ms=10.0, step_ms_per_request=10.0)
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    async def generate(client: OpenAIEngineClient, context_id: str) -> None:
+        await client.fill(FillRequest(context_id=context_id, token_ids=[5, 6, 7]))
+        [_ async for _ in client.generate(GenerateRequest(context_id=context_id, sampling=sampling))]
+
+    async def main(url: str) -> None:
+        client = OpenAIEngineClient(url, tokenizer_folder=tiny_model_folder)
+        config = ManagerConfig(tpot_target_ms=35.0, tpot_floor_slack=1.0, heartbeat_interval_s=1000.0)
+        manager = create_manager([client], config=config)
+        await manager.start()
+        handle = manager.pool.handles["e0"]
+        assert [handle.stats.step_ms_by_num_tokens, handle.latency_cap] == [{}, config.initial_latency_cap_calls]
+        await generate(client, "alone")
+        await asyncio.gather(*(generate(client, f"four{i}") for i in range(4)))
+        assert await manager.health.probe(handle)
+        profile = handle.stats.step_ms_by_num_tokens
+        # Gaps by concurrent generations: ~20 ms alone, ~50 ms four at once (the 4 bucket also
+        # holds the 3 left when the first finishes).
+        assert [1 in profile, 4 in profile, set(profile) <= {1, 2, 4}] == [True, True, True]
+        assert profile[4] > 1.5 * profile[1]
+        expected = calibrate_latency_cap(profile, 35.0, config.initial_latency_cap_calls, 64, 1.0)
+        # Four at once miss the 35 ms target: the cap is what the measurements allow, under four.
+        assert [handle.latency_cap == expected, 1 <= handle.latency_cap < 4] == [True, True]
+        await manager.stop()
+        await client.aclose()
+
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(main(url))

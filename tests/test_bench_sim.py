@@ -1,0 +1,28 @@
+"""The simulator suite's comparison arithmetic: ratios against the paper's ranges."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.sim.suite import Comparison
+from benchmarks.sim_paper import difference, ratio_of
+
+
+def test_difference_is_zero_inside_the_range_and_relative_to_the_nearest_bound() -> None:
+    assert [difference(1.2, 1.18, 1.38), difference(1.0, 2.0, 2.5), difference(3.0, 2.0, 2.5)] == [0.0, -0.5, 0.2]
+
+
+def test_ratio_is_the_largest_baseline_over_parrot_across_points() -> None:
+    c = Comparison("Fig", "x", ("p/1", "p/2"), "jct_s", "b", 1.0, 2.0)
+    table = {("p/1", "parrot"): {"jct_s": 2.0}, ("p/1", "b"): {"jct_s": 3.0}, ("p/2", "parrot"): {"jct_s": 1.0},
+             ("p/2", "b"): {"jct_s": 4.0}}  # fmt: skip
+    assert ratio_of(c, table) == 4.0
+
+
+def test_sustainable_rate_ratio() -> None:
+    c = Comparison("Fig", "x", ("g/1", "g/4", "g/16"), "norm_latency_ms", "c", 12.0, 12.0, True)
+    table = {("g/1", "parrot"): {"norm_latency_ms": 30.0}, ("g/4", "parrot"): {"norm_latency_ms": 40.0},
+             ("g/16", "parrot"): {"norm_latency_ms": 150.0}, ("g/1", "c"): {"norm_latency_ms": 90.0},
+             ("g/4", "c"): {"norm_latency_ms": 120.0}, ("g/16", "c"): {"norm_latency_ms": 300.0}}  # fmt: skip
+    # Parrot keeps <= 100 ms/token up to 4 req/s, the baseline up to 1 req/s.
+    assert ratio_of(c, table) == pytest.approx(4.0)
