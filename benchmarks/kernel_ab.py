@@ -2,13 +2,20 @@
 interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
 and sampling), one without.
 
-    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048]
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused]
 
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
 prompt of N tokens to its first token (fill + generate submitted together, the loop thread
-running). Each case runs three rounds; each round times both engines, in alternating order, and
-the best of each is reported. Only the engine being timed works; the other waits idle.
+running). Each case runs `--rounds` rounds (3); each round times both engines, in alternating
+order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
+machine the best is luck). Only the engine being timed works; the other waits idle.
+
+--fused: one engine on the native kernels, by turns running each decoder layer in one native call
+(kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
+(`kernels.set_fused(model, False)`): what the per-op Python and ctypes overhead costs. (One
+engine, not two: in an A/A run of two engines built alike, where nothing was fused, their
+decode steps at 1-4 rows differed by 9-14%.)
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import dataclasses
 import itertools
 import random
+import statistics
 import time
 
 import torch
@@ -76,29 +84,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", default=["d1", "d8", "d32", "d64", "p128", "p512", "p2048"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
+    ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
+    ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
     a = ap.parse_args()
     if not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
     torch.set_num_threads(a.threads)
     folder = resolve_model_folder(DEFAULT_MODEL)
     config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
-    engines = {native: LLMEngine(dataclasses.replace(config, cpu_kernels=native)) for native in (True, False)}
+    if a.no_batch_invariant:
+        config = dataclasses.replace(config, batch_invariant=False)
+    if a.attention:
+        config = dataclasses.replace(config, attention=a.attention)
+    if a.fused:  # one engine, its layers fused or not by turns: the same memory, KV and weights for both
+        engine = LLMEngine(config)
+        engines = {True: engine}
+        timers = {on: StepTimer(engine, seed=int(on)) for on in (True, False)}  # (no prefix cache hits)
+    else:
+        engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
+        timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
     assert engines[True].stats().native_kernels == kernels.status()
-    timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
-    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads: best of 3, native kernels ({kernels.status()}) vs torch ops")
+    names = ("fused", "per-op") if a.fused else ("kernels", "torch")
+    mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
+    what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
+    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({kernels.status()})")
     for engine in engines.values():
         engine.start()
     try:
         for case in a.cases:
             kind, n = case[0], int(case[1:])
-            best = {True: float("inf"), False: float("inf")}
-            for round_idx in range(3):
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for round_idx in range(a.rounds):
                 for native in (True, False) if round_idx % 2 == 0 else (False, True):
                     timer = timers[native]
-                    ms = timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n)
-                    best[native] = min(best[native], ms)
+                    if a.fused:
+                        kernels.set_fused(timer.engine.model, native)
+                    times[native].append(timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n))
+            best = {native: min(ms) for native, ms in times.items()}
             label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
-            print(f"{label}: kernels {best[True]:.1f} ms, torch {best[False]:.1f} ms, {best[False] / best[True]:.2f}x")
+            ratio = best[False] / best[True]
+            line = f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x"
+            if a.rounds > 3:
+                med = {native: statistics.median(ms) for native, ms in times.items()}
+                line += f" (medians {med[True]:.1f} / {med[False]:.1f} ms, {med[False] / med[True]:.2f}x)"
+            print(line)
     finally:
         for engine in engines.values():
             engine.stop()

@@ -52,6 +52,7 @@ class PagedAttention:
         self.slot_mapping = torch.empty(0, dtype=torch.long)
         self.num_decode = 0
         self.prefills: list[PrefillMeta] = []
+        self.rows: kernels.NativeRows | None = None  # the step as data for fused layers (native_rows)
         # Decode rows run on kernels.paged_decode (fixed for the backend's life).
         self.native_decode = native and kernels.paged_decode_on(cache.k, num_heads, num_kv_heads, head_dim)
 
@@ -77,6 +78,17 @@ class PagedAttention:
             ids = torch.tensor(s.block_table[:num_blocks], dtype=torch.long)
             self.prefills.append(PrefillMeta(row, s.num_new, s.seq_len, ids, mask))
             row += s.num_new
+        self.rows = None
+        per_context = type(self).forward is PagedAttention.forward and type(self).decode is PagedAttention.decode
+        if self.native_decode and per_context and num_decode == len(seqs) and num_decode:
+            k, v = self.cache.k, self.cache.v
+            self.rows = kernels.NativeRows(k, v, slot_mapping, self.decode_tables, self.decode_lens, self.scale)
+
+    def native_rows(self) -> kernels.NativeRows | None:
+        """This step as `kernels.NativeRows` when `forward` would write the rows' K/V to their slots
+        and attend every row through `kernels.paged_decode` (then a fused layer may run both itself,
+        bit for bit), else None. Here: native decode of decode rows only, per context."""
+        return self.rows
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
         if not seqs:

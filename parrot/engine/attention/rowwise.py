@@ -50,6 +50,8 @@ class RowwiseAttention(PagedAttention):
             row += s.num_new
         self.row_tables = tables  # [N, max_blocks]: row i's sequence's block table
         self.row_lens = lens  # [N]: row i attends to keys [0, row_lens[i])
+        k, v = self.cache.k, self.cache.v  # every row per row: fused layers may take any step natively
+        self.rows = kernels.NativeRows(k, v, slot_mapping, tables, lens, self.scale) if self.native_decode else None
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq * D]."""

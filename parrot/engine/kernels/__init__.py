@@ -10,7 +10,9 @@ in the process.
 - library.py: builds cpu_kernels.c with gcc once per process (ctypes), its signatures, `status()`;
 - ops.py: the native ops with their torch fallbacks (linear, RMSNorm, RoPE, SiLU*up, argmax);
 - decode.py: decode attention over the paged KV cache (per context and shared-prefix cascade);
-- transform.py: the native model pieces and `apply_native`;
+- pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
+- fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows;
+- transform.py: `apply_native`, which swaps them in;
 - invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count.
 This package may import parrot.engine.model (to transform it); the model never imports it.
 """
@@ -24,6 +26,7 @@ from parrot.engine.kernels.decode import (
     paged_decode_on,
     paged_decode_supported,
 )
+from parrot.engine.kernels.fused import FusedDecoderLayer, NativeRows, set_fused
 from parrot.engine.kernels.invariant import apply_batch_invariant
 from parrot.engine.kernels.library import SIGNATURES, amx_available, available, cpu_supports_bf16_dot, load, status
 from parrot.engine.kernels.ops import (
@@ -47,8 +50,10 @@ __all__ = [
     "DOT_MAX_ROWS",
     "SIGNATURES",
     "CascadePieces",
+    "FusedDecoderLayer",
     "NativeReport",
     "NativeRotaryStep",
+    "NativeRows",
     "add_rms_norm",
     "amx_available",
     "apply_batch_invariant",
@@ -67,6 +72,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "rowwise_linear",
+    "set_fused",
     "silu_mul",
     "status",
 ]

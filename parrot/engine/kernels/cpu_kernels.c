@@ -694,3 +694,69 @@ void parrot_silu_mul(const uint16_t* gu, uint16_t* out, int64_t N, int64_t I, in
         }
     }
 }
+
+/* ---- One decoder layer in one call (kernels/fused.py) -----------------------------------------
+ * The layer of parrot.engine.model.llama.DecoderLayer for a step whose every row attends through
+ * parrot_paged_decode, composed from the kernels above in the order and with the rounding points
+ * of the per-op native path (so its bits are that path's): QKV linear, RoPE on the q and k heads in
+ * place, the new K/V rows written to their cache slots, paged decode attention per row, O linear,
+ * residual add + post-attention RMSNorm, gate/up linear, SiLU*up, down linear, residual add + the
+ * next norm. One ctypes call: Python marshals once per layer, and the GIL is released throughout.
+ * `layer` and `step` are int64 arrays whose slots are named below (fused.py fills them). */
+enum { LY_QKV, LY_QKV_BIAS, LY_O, LY_GATE_UP, LY_DOWN, LY_POST_NORM, LY_LINEAR_KIND, LY_SIZE };
+enum { LINEAR_VNNI, LINEAR_DOT }; /* weights packed by pack_vnni, or the bf16 weights themselves */
+enum {
+    ST_ROWS, ST_HIDDEN, ST_HQ, ST_HKV, ST_HEAD_DIM, ST_INTER, ST_SLOTS, ST_TABLES, ST_MAX_BLOCKS, ST_LENS,
+    ST_POSITIONS, ST_COS, ST_SIN, ST_K_CACHE, ST_V_CACHE, ST_LAYER_STRIDE, ST_BLOCK_SIZE, ST_SCRATCH,
+    ST_THREADS, ST_SIZE
+};
+
+static void fused_linear(int64_t kind, const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* bias,
+                         uint16_t* y, int64_t M, int64_t N, int64_t K, int threads) {
+    if (kind == LINEAR_VNNI) parrot_linear_vnni(x, ldx, w, bias, y, M, N, K, threads);
+    else parrot_linear_bf16(x, ldx, w, bias, y, M, N, K, threads);
+}
+
+#define PTR(type, v) ((type)(intptr_t)(v))
+
+/* x, h: the residual stream and input_norm(x), [N, hidden]; next_norm: the next layer's input norm
+ * (or the final norm) weight. Writes the new residual to x_out and next_norm of it to h_out. The
+ * step's scratch holds N rows of qkv, attention, residual, normed, gate/up, act and delta. Returns
+ * the attention work items that could not allocate (0 on success; the caller raises). */
+int64_t parrot_decoder_layer(const int64_t* layer, const int64_t* step, int64_t layer_idx, const uint16_t* x,
+                             const uint16_t* h, const uint16_t* next_norm, uint16_t* x_out, uint16_t* h_out,
+                             float post_eps, float next_eps, float scale) {
+    const int64_t N = step[ST_ROWS], Dm = step[ST_HIDDEN], Hq = step[ST_HQ], Hkv = step[ST_HKV];
+    const int64_t D = step[ST_HEAD_DIM], I = step[ST_INTER], kind = layer[LY_LINEAR_KIND];
+    const int threads = (int)step[ST_THREADS];
+    const int64_t q_dim = Hq * D, kv_dim = Hkv * D, W = q_dim + 2 * kv_dim;
+    uint16_t* qkv = PTR(uint16_t*, step[ST_SCRATCH]);
+    uint16_t* attn = qkv + N * W;
+    uint16_t* resid = attn + N * q_dim;
+    uint16_t* normed = resid + N * Dm;
+    uint16_t* gate_up = normed + N * Dm;
+    uint16_t* act = gate_up + N * 2 * I;
+    uint16_t* delta = act + N * I;
+    fused_linear(kind, h, Dm, PTR(const uint16_t*, layer[LY_QKV]), PTR(const uint16_t*, layer[LY_QKV_BIAS]), qkv, N,
+                 W, Dm, threads);
+    parrot_rope(qkv, W, N, Hq + Hkv, D, PTR(const float*, step[ST_COS]), PTR(const float*, step[ST_SIN]),
+                PTR(const int64_t*, step[ST_POSITIONS]), threads);
+    uint16_t* kc = PTR(uint16_t*, step[ST_K_CACHE]) + layer_idx * step[ST_LAYER_STRIDE];
+    uint16_t* vc = PTR(uint16_t*, step[ST_V_CACHE]) + layer_idx * step[ST_LAYER_STRIDE];
+    const int64_t* slots = PTR(const int64_t*, step[ST_SLOTS]);
+    for (int64_t n = 0; n < N; n++) { /* the cache write: the rows' K and V to their flat slots */
+        memcpy(kc + slots[n] * kv_dim, qkv + n * W + q_dim, (size_t)kv_dim * 2);
+        memcpy(vc + slots[n] * kv_dim, qkv + n * W + q_dim + kv_dim, (size_t)kv_dim * 2);
+    }
+    const int64_t failed = parrot_paged_decode(qkv, W, kc, vc, PTR(const int64_t*, step[ST_TABLES]),
+                                               step[ST_MAX_BLOCKS], PTR(const int64_t*, step[ST_LENS]), attn, N, Hq,
+                                               Hkv, D, step[ST_BLOCK_SIZE], scale, threads);
+    if (failed) return failed;
+    fused_linear(kind, attn, q_dim, PTR(const uint16_t*, layer[LY_O]), NULL, delta, N, Dm, q_dim, threads);
+    parrot_rmsnorm(x, delta, resid, PTR(const uint16_t*, layer[LY_POST_NORM]), normed, N, Dm, post_eps, threads);
+    fused_linear(kind, normed, Dm, PTR(const uint16_t*, layer[LY_GATE_UP]), NULL, gate_up, N, 2 * I, Dm, threads);
+    parrot_silu_mul(gate_up, act, N, I, threads);
+    fused_linear(kind, act, I, PTR(const uint16_t*, layer[LY_DOWN]), NULL, delta, N, Dm, I, threads);
+    parrot_rmsnorm(resid, delta, x_out, next_norm, h_out, N, Dm, next_eps, threads);
+    return 0;
+}

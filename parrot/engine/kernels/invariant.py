@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from parrot.engine.kernels.transform import NativeLinear, NativeLMHead
+from parrot.engine.kernels.pieces import NativeLinear, NativeLMHead
 from parrot.engine.model.layers import Linear, LMHead
 
 

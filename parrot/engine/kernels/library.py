@@ -39,6 +39,8 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_rmsnorm": (None, [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT]),
     "parrot_rope": (None, [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT]),
     "parrot_silu_mul": (None, [_PTR, _PTR, _I64, _I64, _INT]),
+    # One decoder layer (fused.py): the number of attention work items that could not allocate.
+    "parrot_decoder_layer": (_I64, [_PTR, _PTR, _I64, *[_PTR] * 5, _F32, _F32, _F32]),
 }
 _BF16_FLAGS = {"avx512_bf16", "avx512bw", "avx512vl"}
 _AMX_FLAGS = {"amx_bf16", "amx_tile"}

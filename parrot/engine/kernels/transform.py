@@ -2,117 +2,25 @@
 subclasses that run the native CPU kernels (gpt-fast style: a speed-up applied to a finished
 model, not a flag threaded through it).
 
-Swapped: every `Linear` (AVX512 dot kernel for a few rows, AMX over prepacked weights up to
-AMX_MAX_ROWS), `RMSNorm` (fused with the residual add), `SiluMul`, `Rotary` (in place) and the
-`LMHead`. Each native piece keeps its torch parent's path for inputs the kernels do not take, and
-shares its parameters with the piece it replaced (nothing is copied; loading still works).
+Swapped: every `Linear`, `RMSNorm`, `SiluMul`, `Rotary` and the `LMHead` for its native piece
+(pieces.py), and every `DecoderLayer` for a `FusedDecoderLayer` (fused.py: the whole layer in one
+native call where the step's attention and pieces allow, the per-op path otherwise). Each shares
+its parameters with the piece it replaced (nothing is copied; loading still works).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
 
 import torch
 from torch import nn
 
-from parrot.engine.kernels import library, ops
+from parrot.engine.kernels import library
+from parrot.engine.kernels.fused import FusedDecoderLayer, share_steps
+from parrot.engine.kernels.pieces import NativeLinear, NativeLMHead, NativeRMSNorm, NativeRotary, NativeSiluMul
 from parrot.engine.model.layers import Linear, LMHead, RMSNorm, SiluMul
-from parrot.engine.model.rope import Rotary, RotaryStep
-
-
-class PackedWeight:
-    """A weight's packed layout (`pack`: the AMX tiles by default), rebuilt when the weight changes
-    (in-place writes such as `copy_` in loading bump its version; writes through `.data` do not and
-    need a new PackedWeight). The packed copy doubles the memory of the bf16 linear weights."""
-
-    def __init__(self, pack: Callable[[torch.Tensor], torch.Tensor | None] = ops.pack_amx) -> None:
-        self.pack = pack
-        self.key: tuple[int, int] | None = None
-        self.packed: torch.Tensor | None = None
-
-    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
-        if weight.dtype != torch.bfloat16:
-            return None  # nothing cached: a later bf16 weight still packs
-        key = (weight.data_ptr(), weight._version)
-        if key != self.key:
-            self.key, self.packed = key, self.pack(weight)
-        return self.packed
-
-
-class NativeLinear(Linear):
-    """A projection on the native kernels; subclasses pick another packing and kernel family."""
-
-    ROW_INVARIANT = False  # True: one per-row summation order at every row count (invariant.py)
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
-
-    @classmethod
-    def of(cls, linear: Linear) -> Self:
-        with torch.device("meta"):  # no memory: the parameters are the replaced module's
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        new.weight, new.bias = linear.weight, linear.bias
-        return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self.packed.get(self.weight)
-        return ops.linear(x, self.weight, self.bias, packed, row_invariant=self.ROW_INVARIANT)
-
-
-class NativeRMSNorm(RMSNorm):
-    @classmethod
-    def of(cls, norm: RMSNorm) -> NativeRMSNorm:
-        with torch.device("meta"):
-            new = cls(norm.weight.shape[0], norm.eps)
-        new.weight = norm.weight
-        return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
-
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.add_rms_norm(x, delta, self.weight, self.eps)
-
-
-class NativeSiluMul(SiluMul):
-    @classmethod
-    def of(cls, _: SiluMul) -> NativeSiluMul:
-        return cls()
-
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return ops.silu_mul(gate_up)
-
-
-class NativeRotary(Rotary):
-    @classmethod
-    def of(cls, rotary: Rotary) -> NativeRotary:
-        return cls(rotary.cos, rotary.sin)
-
-    def at(self, positions: torch.Tensor) -> RotaryStep:
-        return ops.NativeRotaryStep(positions, self.cos, self.sin)
-
-
-class NativeLMHead(LMHead):
-    ROW_INVARIANT = False  # as NativeLinear's
-
-    def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
-        super().__init__(hidden_size, vocab_size, tied)
-        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
-
-    @classmethod
-    def of(cls, head: LMHead) -> Self:
-        with torch.device("meta"):
-            new = cls(0, 0, tied=True)
-        new.weight = head.weight
-        return new
-
-    def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
-        w = self.head_weight(embed_weight)
-        return ops.linear(hidden, w, None, self.packed.get(w), row_invariant=self.ROW_INVARIANT)
-
+from parrot.engine.model.llama import DecoderLayer
+from parrot.engine.model.rope import Rotary
 
 # torch piece -> its native replacement (exact types: a piece already native is left alone).
 NATIVE_PIECES: dict[type[nn.Module], type] = {
@@ -121,6 +29,7 @@ NATIVE_PIECES: dict[type[nn.Module], type] = {
     SiluMul: NativeSiluMul,
     Rotary: NativeRotary,
     LMHead: NativeLMHead,
+    DecoderLayer: FusedDecoderLayer,
 }
 
 
@@ -148,7 +57,9 @@ def apply_native(model: nn.Module) -> NativeReport:
     if not library.available():
         return NativeReport(library.status())
     num_replaced = 0
-    for parent in list(model.modules()):
+    # Children before their parents (reversed pre-order): a layer is swapped after its pieces, so
+    # the fused layer holds the native ones.
+    for parent in reversed(list(model.modules())):
         for name, child in list(parent.named_children()):
             native = NATIVE_PIECES.get(type(child))
             if native is not None:
@@ -156,4 +67,5 @@ def apply_native(model: nn.Module) -> NativeReport:
                 new.train(child.training)
                 setattr(parent, name, new)
                 num_replaced += 1
+    share_steps(model)
     return NativeReport(library.status(), num_replaced, library.note())
