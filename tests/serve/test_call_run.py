@@ -61,7 +61,7 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         # merges into the value's first word); it stays waiting there.
         plan = executor.step()
         assert [plan.early_fill, plan.dispatch, plan.fail] == [(EarlyFill(key, "e0", 1),), (), ()]
-        assert run.view is not None and (run.view.inputs_ready, run.view.num_ready_pieces) == (False, 1)
+        assert run.view is not None and [run.view.inputs_ready, run.view.num_ready_pieces] == [False, 1]
         assert [run.state, run.engine_id, run.num_fill_requested, run.dirty] == [WAITING, "e0", 1, True]
         assert run.runner is not None and run.task is not None and handle.num_early_filled_calls == 1
         await settle(run)
