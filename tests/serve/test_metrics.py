@@ -87,7 +87,13 @@ def run_map_reduce(server: LiveServer) -> str:
 def test_metrics_after_a_map_reduce(server: LiveServer) -> None:
     assert "parrot:prompt_tokens_reused_total" not in scrape(server.url)  # a new manager: nothing yet
     run_map_reduce(server)
-    m = scrape(server.url)
+    deadline = time.monotonic() + 10  # a fast run may end before the first heartbeat (every 0.5 s)
+    while True:
+        m = scrape(server.url)
+        if sum(v for _, v in m["parrot:engine_heartbeats_total"]) >= 1:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     finished = by_label([x for x in m["parrot:calls_finished_total"] if x[0]["state"] == "done"], "objective")
     assert sum(finished.values()) >= 5
     # Queue time and TTFT per objective: one observation per finished call, under its objective.
