@@ -21,6 +21,11 @@ class EngineConfig:
     # (a CPU prefills ~1.5x faster in 512-token steps than in 128-token ones), and this bounds how
     # long a request arriving mid-step waits. None: the cap applies to prefill-only steps too.
     latency_prefill_tokens: int | None = 512
+    # While a job decodes, jobs of a lower tier (policy.py: latency-critical or aged, then priority)
+    # compute at most this many prompt tokens a step: someone's output is not slowed by the prompts
+    # of work that matters less (another tenant's flood, calls nobody awaits yet). A CPU reads the
+    # weights once a step; a few prompt tokens ride along at little cost. None: no limit.
+    outranked_chunk_tokens: int | None = 4
     policy: str = "priority"  # registered ordering policy (see sched/policy.py)
     aging_s: float = 5.0  # waiting longer than this lifts a job to the front tier
     attention: str = "shared_prefix"  # registered backend (attention/registry.py); "paged" = per-context
@@ -46,3 +51,5 @@ class EngineConfig:
             raise ValueError("latency_max_batched_tokens must be >= 1")
         if self.latency_prefill_tokens is not None and self.latency_prefill_tokens < 1:
             raise ValueError("latency_prefill_tokens must be >= 1")
+        if self.outranked_chunk_tokens is not None and self.outranked_chunk_tokens < 1:
+            raise ValueError("outranked_chunk_tokens must be >= 1")

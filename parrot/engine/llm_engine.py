@@ -32,6 +32,7 @@ from parrot.engine.generation import append_token, begin_generation, end_generat
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.model.llama import StepInterrupted
 from parrot.engine.model.loader import load_model, resolve_model_folder
 from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
 from parrot.engine.output import RowOutput, render
@@ -75,7 +76,7 @@ class LLMEngine:
         num_blocks = config.num_blocks or num_kv_blocks(mc, config.kv_cache_bytes, config.block_size, dtype)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         self.pool = BlockPool(num_blocks)
-        self.contexts = ContextTable(self.pool, config.block_size)
+        self.contexts = ContextTable(self.pool, config.block_size)  # the engine's contexts and KV blocks
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
         backend = make_backend(setup.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
         self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, self.batch_invariant)
@@ -83,8 +84,7 @@ class LLMEngine:
         self.hand_off: Callable[[StepEvents], None] = deliver
         self._cv, self._job_ids = threading.Condition(), itertools.count()
         self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.meter = StepMeter()
+        self._stopping, self.meter = False, StepMeter()
         self._aborted: set[int] = set()  # job ids to end before the next step
         self._plan_began = 0.0  # perf_counter() when the step being run was scheduled
         self._kv_tokens = 0  # while tracing: the step's sequences' lengths after it, summed
@@ -104,10 +104,7 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         with self._cv:  # fail what is still queued, so no caller waits forever
-            for job in list(self.scheduler.running) + list(self.scheduler.waiting):
-                if job.finished:  # a combined request's generation, ended by its fill's error
-                    continue
-                self.scheduler.finish(job)
+            for job in self.scheduler.end_all():
                 job.emit(ParrotError("engine stopped", status=503))
             self.contexts.free_released(self.scheduler.busy)
 
@@ -189,6 +186,7 @@ class LLMEngine:
                 num_decode_tokens=self.meter.num_decode_tokens,
                 num_reused_tokens=self.scheduler.num_reused_tokens,
                 num_preemptions=self.scheduler.num_preemptions,
+                num_interrupted_steps=self.scheduler.num_interrupted_steps,
                 step_ms_by_num_tokens=dict(self.meter.step_ms),
                 native_kernels=self.native_kernels,
                 batch_invariant=self.batch_invariant,
@@ -202,8 +200,8 @@ class LLMEngine:
     def stop_trace(self) -> list[StepRecord]:
         """The steps recorded since `start_trace`, oldest first; recording stops."""
         with self._cv:
-            trace, self.meter.trace = self.meter.trace, None
-        return list(trace or ())
+            trace, self.meter.trace = self.meter.trace or (), None
+            return list(trace)
 
     def context_info(self, context_id: str) -> ContextInfo:
         with self._cv:
@@ -252,10 +250,8 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one scheduled step in the calling thread, for callers that drive the engine
-        themselves (a benchmark timing single steps, an offline script). Only while the loop
-        thread is not running (before `start`, after `stop`). Returns False, without waiting,
-        when no work is queued; events reach the jobs' sinks as they do from the loop."""
+        """Run one scheduled step in the calling thread (a benchmark timing steps, a test), only
+        while the loop thread is not running. False, without waiting, when no work is queued."""
         if self._thread is not None:
             raise RuntimeError("LLMEngine.step() needs the loop thread stopped (call stop() first)")
         with self._cv:
@@ -279,6 +275,7 @@ class LLMEngine:
         """The step's rows in order, after the plan's copy-on-write block copies (lock held)."""
         seqs = self.runner.row_order(plan)
         self.cache.copy_blocks(plan.block_copies)
+        self.scheduler.begin_step(seqs)
         if self.meter.trace is not None:  # the keys the step's rows attend to, for the record
             self._kv_tokens = sum(self.contexts.get(s.job.context_id).num_computed + s.num_new for s in seqs)
         return seqs
@@ -288,7 +285,11 @@ class LLMEngine:
         processor without it, finished generations under it, then one hand-off of the events."""
         t0 = time.perf_counter()
         try:
-            tokens, logprobs = self.runner.run(seqs)
+            tokens, logprobs = self.runner.run(seqs, self.scheduler.interrupt.is_set)
+        except StepInterrupted:  # a higher-tier job arrived: plan again with it (nothing applied)
+            with self._cv:
+                self.scheduler.end_step(interrupted=True)
+            return
         except Exception as exc:  # a bug or OOM in the model: fail the step's jobs, keep serving
             log.exception("engine step failed")
             with self._cv:
@@ -298,6 +299,7 @@ class LLMEngine:
             return
         elapsed = time.perf_counter() - t0
         with self._cv:
+            self.scheduler.end_step(interrupted=False)
             rows, events = self._apply(plan, seqs, tokens, logprobs, elapsed)
         for row in rows:
             render(row)
@@ -307,12 +309,7 @@ class LLMEngine:
                 self.contexts.free_released(self.scheduler.busy)
         events += [(row.job.sink, row.event) for row in rows if row.event is not None]
         self.hand_off(events)
-        trace = self.meter.trace
-        if trace is not None:
-            ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
-            num_tokens = sum(s.num_new for s in seqs)
-            step_s = time.perf_counter() - self._plan_began
-            trace.append(StepRecord(t0, elapsed, len(seqs), ones, num_tokens - ones, step_s, self._kv_tokens))
+        self.meter.record(seqs, t0, elapsed, self._plan_began, self._kv_tokens)
 
     def _next_plan(self, block: bool) -> StepPlan | None:
         """The next plan with rows to compute; None when stopping (blocking) or idle (not)."""

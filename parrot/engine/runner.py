@@ -6,6 +6,8 @@ built once per step from plain lists, then copied to tensors once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from parrot.engine.attention.base import PagedAttention, SeqSpec
@@ -41,8 +43,11 @@ class ModelRunner:
         return sorted(seqs, key=lambda s: not (s.num_new == 1 and self.contexts.get(s.job.context_id).num_computed))
 
     @torch.inference_mode()
-    def run(self, seqs: list[ScheduledSeq]) -> tuple[list[int], list[float]]:
-        """Compute `seqs` (in row order); returns (token, logprob) for each seq with `sample`."""
+    def run(
+        self, seqs: list[ScheduledSeq], interrupt: Callable[[], bool] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """Compute `seqs` (in row order); returns (token, logprob) for each seq with `sample`.
+        Raises StepInterrupted when `interrupt` says so between layers (nothing was applied)."""
         if not seqs:
             return [], []
         bs = self.block_size
@@ -75,7 +80,7 @@ class ModelRunner:
         # The step's inputs in one copy: ids, positions and KV slots, one row each of [3, N].
         input_ids, positions_t, slot_mapping = torch.tensor([ids, positions, slots], dtype=torch.long)
         self.backend.prepare(specs, slot_mapping)
-        hidden = self.model(input_ids, positions_t, self.backend.forward)
+        hidden = self.model(input_ids, positions_t, self.backend.forward, interrupt)
         if not sample_rows:
             return [], []
         if len(sample_rows) < len(ids):  # a pure decode step samples every row: no gather

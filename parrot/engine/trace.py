@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from parrot.engine.sched.job import ScheduledSeq
 
 
 @dataclass(frozen=True)
@@ -41,3 +46,13 @@ class StepMeter:
             self.step_ms[bucket] = ms if old is None else 0.8 * old + 0.2 * ms
         if decoding:
             self.tpot_ms = ms if self.tpot_ms == 0 else 0.8 * self.tpot_ms + 0.2 * ms
+
+    def record(self, seqs: list[ScheduledSeq], started: float, elapsed_s: float, planned: float, kv: int) -> None:
+        """Append the step that ran `seqs` to the trace, if one is on (`planned`: when its
+        scheduling began, time.perf_counter(); `kv`: its sequences' lengths after it, summed)."""
+        if self.trace is None:
+            return
+        ones = sum(1 for s in seqs if s.num_new == 1 and s.sample and s.sample_for is None)
+        num_tokens = sum(s.num_new for s in seqs)
+        step_s = time.perf_counter() - planned
+        self.trace.append(StepRecord(started, elapsed_s, len(seqs), ones, num_tokens - ones, step_s, kv))

@@ -185,6 +185,7 @@ class EngineStats(_Msg):
     num_decode_tokens: int
     num_reused_tokens: int = 0
     num_preemptions: int = 0  # running generations sent back to waiting to free KV blocks
+    num_interrupted_steps: int = 0  # steps stopped mid-pass for a higher-tier arrival (redone)
     # Capacity profile, measured online: recent step time (ms) by the step's batched tokens,
     # bucketed to powers of two (key = bucket's upper bound). The manager calibrates its
     # latency cap from it: the most tokens per step that keep time per output token on target.

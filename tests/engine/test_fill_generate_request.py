@@ -108,7 +108,7 @@ def test_a_fill_that_fails_at_run_time_ends_the_generation_with_its_error(
         engine, GenerateRequest(context_id="c", token_ids=prompt(2, 20), sampling=GREEDY)
     )
 
-    def boom(seqs: object) -> object:
+    def boom(seqs: object, interrupt: object = None) -> object:
         raise RuntimeError("injected")
 
     monkeypatch.setattr(engine.runner, "run", boom)

@@ -188,3 +188,28 @@ def test_the_tenant_with_fewer_running_calls_goes_first() -> None:
     ]
     p = plan(calls, [engine("e0", running=3, max_running=4)], tenant_running={"e0": {"a": 2, "c": 1}})
     assert [placed(p), list(p.blocked)] == [{"b0": "e0"}, [("sa", "a0")]]
+
+
+def test_a_tenant_with_nothing_running_gets_a_call_past_a_flood_over_a_calibrated_down_cap() -> None:
+    # a's 16 calls were dispatched before the latency cap was calibrated down to 1: the engine is far
+    # over its cap, but b (nothing there) may still run its share (one call), marked fair_share.
+    flood = ready("sa", "a16", order=16, tenant="a")
+    late = ready("sb", "b0", order=20, tenant="b")
+    over = engine("e0", running=16, latency=16, cap=1, max_running=16)
+    p = plan([flood, late], [over], tenant_running={"e0": {"a": 16}})
+    assert [placed(p), [d.fair_share for d in p.dispatch], list(p.blocked)] == [{"b0": "e0"}, [True], [("sa", "a16")]]
+
+
+def test_another_tenants_aged_calls_do_not_rank_ahead_of_a_tenant_with_less_running() -> None:
+    # a's call waited past aging_s; b has nothing running: b goes first (aging orders within a share).
+    aged = ready("sa", "a0", order=1, tenant="a", ready_since=0.0)
+    fresh = ready("sb", "b0", order=2, tenant="b", ready_since=99.0)
+    p = plan(
+        [aged, fresh], [engine("e0", running=3, max_running=4)], now=100.0, aging_s=5.0, tenant_running={"e0": {"a": 3}}
+    )
+    assert [placed(p), list(p.blocked)] == [{"b0": "e0"}, [("sa", "a0")]]
+
+
+def test_alone_a_tenant_is_never_marked_fair_share() -> None:
+    p = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0")])
+    assert [d.fair_share for d in p.dispatch] == [False]

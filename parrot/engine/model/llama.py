@@ -60,6 +60,10 @@ class DecoderLayer(nn.Module):
         return next_norm.add_and_norm(x, mlp)
 
 
+class StepInterrupted(Exception):
+    """A forward pass stopped between layers (its step is planned again)."""
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -71,13 +75,23 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(cfg.max_position_embeddings, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         self.rotary = Rotary(cos, sin)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        """input_ids, positions [N] -> final-normed hidden states [N, hidden]."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions [N] -> final-normed hidden states [N, hidden]. `interrupt` is asked
+        between layers; when it says so the pass stops with StepInterrupted (the KV it wrote lies
+        past every context's computed tokens: nothing reads it before it is written again)."""
         x = self.embed(input_ids)
         layers = [cast(DecoderLayer, layer) for layer in self.layers]
         h = layers[0].input_norm(x)
         rotary = self.rotary.at(positions)  # tables gathered once for all layers
         for i, layer in enumerate(layers):
+            if interrupt is not None and i and interrupt():
+                raise StepInterrupted(i)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
             x, h = layer(i, x, h, rotary, attend, next_norm)
         return h

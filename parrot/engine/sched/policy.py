@@ -1,6 +1,8 @@
 """Ordering policies: which jobs a step serves first. A registry maps config names to strategies.
 
-A policy returns a sort key; smaller keys are served first and preempted last.
+A policy returns a sort key; smaller keys are served first and preempted last. A key ends with
+the job's arrival and id; what comes before them is the job's *tier* (`tier`): the scheduler keeps
+a job's decode fast against the prompts of jobs in lower tiers (EngineConfig.outranked_chunk_tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ def make_priority(aging_s: float) -> OrderKey:
         return (0 if front else 1, -job.priority, job.arrival, job.job_id)
 
     return key
+
+
+def tier(key: tuple) -> tuple:
+    """The tier part of an order key: all but its last two fields (arrival, job id)."""
+    return key[:-2]
 
 
 def get_policy(name: str, aging_s: float) -> OrderKey:

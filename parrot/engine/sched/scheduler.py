@@ -9,13 +9,17 @@ blocks; `LLMEngine` runs the plan and applies its results.
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.block_pool import OutOfBlocks
 from parrot.engine.kv.context import ContextTable
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
-from parrot.engine.sched.policy import get_policy
+from parrot.engine.sched.policy import get_policy, tier
 from parrot.protocol.engine_api import FillRequest, check_context_ids
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
@@ -32,11 +36,41 @@ class Scheduler:
         self.waiting: list[Job] = []  # admitted, not started (or preempted)
         self.running: list[Job] = []  # started: holds blocks, makes progress each step
         self.queues: dict[str, list[Job]] = {}  # per context: its jobs in submission order
+        self.num_interrupted_steps = 0  # steps stopped for a higher-tier arrival, since start (stats)
+        self._step_tier: tuple | None = None  # the running step's best tier, when it may be interrupted
+        # Set when a job that outranks the running step arrives; the model reads it between layers.
+        self.interrupt = threading.Event()
 
     # ---- admission --------------------------------------------------------------------------
     def add(self, job: Job) -> None:
         self.queues.setdefault(job.context_id, []).append(job)
         self.waiting.append(job)
+        if self.outranks_step(job):
+            self.interrupt.set()
+
+    def begin_step(self, seqs: list[ScheduledSeq]) -> None:
+        """The loop starts computing `seqs`. A step that computes more prompt tokens than the
+        outranked share (`outranked_chunk_tokens`) may be interrupted by a job of a better tier
+        than all its rows (`outranks_step`): that job's first token does not wait for a long
+        prefill of work that matters less. The step is planned again, the newcomer in it."""
+        self.interrupt.clear()
+        cap = self.config.outranked_chunk_tokens
+        prompt = sum(s.num_new for s in seqs if s.num_new > 1)
+        if cap is None or prompt <= cap:
+            self._step_tier = None
+            return
+        now = time.monotonic()
+        jobs = [s.job for s in seqs] + [s.sample_for for s in seqs if s.sample_for is not None]
+        self._step_tier = min(tier(self.order_key(j, now)) for j in jobs)
+
+    def end_step(self, interrupted: bool) -> None:
+        self._step_tier = None
+        self.num_interrupted_steps += interrupted
+
+    def outranks_step(self, job: Job) -> bool:
+        """Whether `job` should interrupt the running step (see `begin_step`); `add` sets
+        `interrupt` when it does."""
+        return self._step_tier is not None and tier(self.order_key(job, time.monotonic())) < self._step_tier
 
     def check_fill(self, req: FillRequest) -> None:
         """A Fill's id and length rules against what is held and queued; raises ParrotError."""
@@ -77,23 +111,44 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         now = time.monotonic()
         plan = StepPlan()
-        budget = self._token_budget()
         self.running.sort(key=lambda j: self.order_key(j, now))
-        # Decodes first (one token each), then chunks, both in policy order.
-        order = sorted(self.running, key=lambda j: self._need(j) > 1)
+        self.waiting.sort(key=lambda j: self.order_key(j, now))
+        budget = _Budget(self._token_budget(), self.config.outranked_chunk_tokens, self._top_tier(now))
+        # Decodes first (one token each), then chunks, both in policy order. A waiting job that
+        # outranks a running chunk starts before it: a long prefill of lower-ranked work does not
+        # hold back a higher-ranked request that arrives while it runs.
+        decodes = [j for j in self.running if self._need(j) <= 1]
+        chunks = [j for j in self.running if self._need(j) > 1]
         protected: set[str] = set()
-        for job in order:
-            if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget <= 0:
+        self._serve(decodes, plan, budget, protected, now)
+        for job in chunks:
+            self._admit(plan, budget, now, protected, above=self.order_key(job, now))
+            self._serve([job], plan, budget, protected, now)
+        self._admit(plan, budget, now, protected)
+        return plan
+
+    def _top_tier(self, now: float) -> tuple | None:
+        """The best tier among running jobs and ready waiting ones (both sorted), or None."""
+        best = [self.running[0]] if self.running else []
+        best += next(([j] for j in self.waiting if self._ready(j)), [])
+        return min((tier(self.order_key(j, now)) for j in best), default=None)
+
+    def _serve(self, jobs: list[Job], plan: StepPlan, budget: _Budget, protected: set[str], now: float) -> None:
+        """Give running `jobs` their tokens of the step, in order."""
+        for job in jobs:
+            if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget.tokens <= 0:
                 continue
-            n = min(self._need(job), budget)
-            handoff = self._handoff(job, n) if n < budget else None
+            outranked = budget.outranked(self.order_key(job, now))
+            need = self._need(job)
+            n = budget.grant(need, outranked)
+            if need and not n:
+                continue  # lower-tier prompt with the outranked share spent
+            handoff = self._handoff(job, n) if n < budget.tokens else None
             if not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=True):
                 continue
             plan.seqs.append(self._seq(job, n, handoff))
             protected.add(job.context_id)
-            budget -= n + (handoff is not None)
-        self._admit(plan, budget, now, protected)
-        return plan
+            budget.spend(n + (handoff is not None), outranked)
 
     def _token_budget(self) -> int:
         """The step's token budget. Latency-critical work that decodes caps it (every step is one
@@ -112,10 +167,16 @@ class Scheduler:
         (also one not yet admitted, e.g. right after a fill handed its first token over)."""
         return job.kind is JobKind.GENERATE and self._ready(job) and self._need(job) <= 1
 
-    def _admit(self, plan: StepPlan, budget: int, now: float, protected: set[str]) -> None:
-        self.waiting.sort(key=lambda j: self.order_key(j, now))
-        for job in list(self.waiting):
-            if budget <= 0 or len(plan.seqs) >= self.config.max_num_seqs:
+    def _admit(
+        self, plan: StepPlan, budget: _Budget, now: float, protected: set[str], above: tuple | None = None
+    ) -> None:
+        """Start waiting jobs (sorted by the caller) that are ready, in order, while the budget
+        lasts; with `above`, only those ranked before that key."""
+        keys = ((j, self.order_key(j, now)) for j in self.waiting)
+        # Only the (usually short) head ranked before `above` is copied, not the whole queue.
+        candidates = list(itertools.takewhile(lambda jk: above is None or jk[1] < above, keys))
+        for job, key in candidates:
+            if budget.tokens <= 0 or len(plan.seqs) >= self.config.max_num_seqs:
                 return
             if job not in self.waiting or not self._ready(job):
                 continue
@@ -124,15 +185,19 @@ class Scheduler:
                 if error is not None:
                     self._fail(job, error, plan)
                     continue
-            n = min(self._need(job), budget)
-            handoff = self._handoff(job, n) if 0 < n < budget else None
+            outranked = budget.outranked(key)
+            need = self._need(job)
+            n = budget.grant(need, outranked)
+            if need and not n:
+                continue  # lower-tier prompt with the outranked share spent: it stays waiting
+            handoff = self._handoff(job, n) if 0 < n < budget.tokens else None
             if n and not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=False):
                 return  # wait for running work to free blocks; keep the order
             self.waiting.remove(job)
             self.running.append(job)
             plan.seqs.append(self._seq(job, n, handoff))  # n == 0: nothing to compute, done this step
             protected.add(job.context_id)
-            budget -= n + (handoff is not None)
+            budget.spend(n + (handoff is not None), outranked)
 
     def _start(self, job: Job) -> ParrotError | None:
         """First admission: fork the context if asked, append the fill's tokens, set targets."""
@@ -243,6 +308,14 @@ class Scheduler:
         self.finish(job)
 
     # ---- completion -------------------------------------------------------------------------
+    def end_all(self) -> Iterator[Job]:
+        """End every job (the engine stops), yielding each for its caller to tell. Lazily: telling
+        a combined request's fill of its end also ends its generation, which is then skipped."""
+        for job in [*self.running, *self.waiting]:
+            if not job.finished:
+                self.finish(job)
+                yield job
+
     def finish(self, job: Job) -> None:
         job.finished = True
         if job.context_id in self.contexts:
@@ -255,3 +328,29 @@ class Scheduler:
             queue.remove(job)
             if not queue:
                 del self.queues[job.context_id]
+
+
+@dataclass
+class _Budget:
+    """One step's tokens. Jobs of a lower tier than the step's best (`top`) share at most
+    `outranked_left` of them (EngineConfig.outranked_chunk_tokens; None: no such limit), beyond
+    one decode token each: someone's output is not slowed by prompts that matter less."""
+
+    tokens: int
+    outranked_left: int | None
+    top: tuple | None
+
+    def outranked(self, key: tuple) -> bool:
+        return self.outranked_left is not None and self.top is not None and tier(key) > self.top
+
+    def grant(self, need: int, outranked: bool) -> int:
+        """Tokens a job that needs `need` more gets now."""
+        n = min(need, self.tokens)
+        if outranked and n > 1:
+            n = min(n, max(self.outranked_left or 0, 0))
+        return n
+
+    def spend(self, n: int, outranked: bool) -> None:
+        self.tokens -= n
+        if outranked and n > 1 and self.outranked_left is not None:
+            self.outranked_left -= n

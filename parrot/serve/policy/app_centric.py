@@ -1,6 +1,7 @@
 """The app-centric scheduling policy (the paper's §5, Algorithm 1): a pure function of a snapshot.
 
-Ready calls are taken in rank order:
+Ready calls are taken in rank order, the calls of the tenant with fewer running calls first (fair
+share between tenants; with one tenant, no effect), then:
   1. calls that have waited `aging_s` (no starvation behind latency-critical or cache-hot work);
   2. latency-critical calls, then higher priority (a group whose consumer a person awaits);
   3. calls with a longer cached prefix on some engine (cache-hot first);
@@ -109,8 +110,7 @@ class AppCentricPolicy:
                 engine_id = _best(group[0], engines, load, num_calls=len(group), objectives=group)
                 if engine_id is not None:
                     for member in group:
-                        load.place(member, engine_id)
-                        dispatch.append(Dispatch(member.key, engine_id))
+                        dispatch.append(_place(member, engines[engine_id], load))
                         placed.add(member.key)
                     continue
             engine_id = _best(call, engines, load)
@@ -118,20 +118,20 @@ class AppCentricPolicy:
                 blocked.append(call.key)
                 _reserve(call, engines, load)
                 continue
-            load.place(call, engine_id)
-            dispatch.append(Dispatch(call.key, engine_id))
+            dispatch.append(_place(call, engines[engine_id], load))
             placed.add(call.key)
         early_fill = _early_fills(snapshot, engines, load) if snapshot.early_fill else []
         return Plan(tuple(fail), tuple(early_fill), tuple(dispatch), tuple(blocked))
 
 
 def _rank(call: CallView, snapshot: Snapshot, tenant_load: int) -> tuple[int, int, int, int, int, int]:
-    """Aged first, then latency-critical, then the tenant with fewer running calls (fair share;
-    one tenant: no effect), priority, cache hotness, submission order."""
+    """The tenant with fewer running calls first (fair share: aging within a flood does not put
+    it ahead of another tenant; one tenant: no effect), then aged, latency-critical, priority,
+    cache hotness, submission order."""
     aged = snapshot.aging_s > 0 and snapshot.now - call.ready_since >= snapshot.aging_s
     best_hit = max((n for _, n in call.prefix_hits), default=0)
     latency = call.objective is Objective.LATENCY
-    return (0 if aged else 1, 0 if latency else 1, tenant_load, -call.priority, -best_hit, call.order)
+    return (tenant_load, 0 if aged else 1, 0 if latency else 1, -call.priority, -best_hit, call.order)
 
 
 def _group_members(call: CallView, members: list[CallView], placed: set[CallKey]) -> list[CallView]:
@@ -148,13 +148,30 @@ def _candidates(call: CallView, engines: dict[str, EngineView]) -> list[EngineVi
     return [e for e in engines.values() if e.model == call.model and e.alive]
 
 
+def _share(e: EngineView, load: _Load, any_latency: bool) -> int:
+    """Each tenant's share of the engine's calls (at least one) while several tenants have work."""
+    cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+    return max(1, cap // load.num_tenants)
+
+
 def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
     cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
-    if load.num_tenants > 1 and load.tenants.get(e.engine_id, {}).get(tenant, 0) < cap // load.num_tenants:
-        # A tenant under its share of this engine is not kept waiting for another tenant's flood
-        # to finish: a little room over the cap, as many calls as there are tenants with work.
-        cap += load.num_tenants
-    return load.running[e.engine_id] + num_calls <= cap
+    if load.running[e.engine_id] + num_calls <= cap:
+        return True
+    # With several tenants, each may run its share of the cap whatever the others run: another
+    # tenant's flood, even one dispatched before the cap was calibrated down, does not keep it
+    # waiting. The engine then holds at most its cap plus one call per tenant.
+    on_engine = load.tenants.get(e.engine_id, {}).get(tenant, 0)
+    return load.num_tenants > 1 and on_engine + num_calls <= _share(e, load, any_latency)
+
+
+def _place(call: CallView, e: EngineView, load: _Load) -> Dispatch:
+    """Put `call` on `e`: its dispatch, marked `fair_share` when its tenant is under its share."""
+    latency = call.objective is Objective.LATENCY
+    on_engine = load.tenants.get(e.engine_id, {}).get(call.tenant, 0)
+    fair_share = load.num_tenants > 1 and on_engine < _share(e, load, latency)
+    load.place(call, e.engine_id)
+    return Dispatch(call.key, e.engine_id, fair_share)
 
 
 def _best(

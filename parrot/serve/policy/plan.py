@@ -81,6 +81,9 @@ class FailCall:
 class Dispatch:
     key: CallKey
     engine_id: str
+    # Several tenants have work and the call's tenant runs less than its share of this engine:
+    # the engine ranks the call above those of tenants over their share (call_run.engine_priority).
+    fair_share: bool = False
 
 
 @dataclass(frozen=True, slots=True)

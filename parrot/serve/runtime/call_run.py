@@ -36,6 +36,9 @@ class CallState(StrEnum):
     FAILED = "failed"
 
 
+FAIR_SHARE_PRIORITY = 2  # above every deduced priority (0, or 1: a person awaits it)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSlot:
     """A dispatched run, counted in its engine's load (running calls, latency calls) until that
@@ -70,6 +73,7 @@ class CallRun:
     urgency: Criteria | None = None
     task_group: str | None = None  # call id of the consumer its group feeds
     priority: int = 0
+    fair_share: bool = False  # dispatched while its tenant ran under its share (plan.Dispatch)
     # Re-dispatch (an engine died): runs started, and each output's generated token ids so far
     # (complete or not), so a re-run resumes instead of losing or repeating text.
     num_attempts: int = 0
@@ -88,6 +92,12 @@ class CallRun:
     prefix_points: tuple[PrefixPoint, ...] = ()  # of its ready prefix
     ready_since: float | None = None  # when all its inputs were first seen set
     ready_at: float | None = None  # ready_since when it last left waiting (metrics: queue time)
+
+    @property
+    def engine_priority(self) -> int:
+        """The priority its engine requests carry: a tenant under its share of the engine (several
+        tenants with work) ranks above the rest, then a call a person awaits (`priority` 1)."""
+        return self.priority + FAIR_SHARE_PRIORITY * self.fair_share
 
     @property
     def is_settled(self) -> bool:

@@ -58,7 +58,6 @@ class RunRecord(Protocol):
     here by its fields because the record holds its runner (call_run imports this module)."""
 
     objective: Objective
-    priority: int
     num_attempts: int
     num_prompt_tokens: int
     num_cached_tokens: int
@@ -69,6 +68,9 @@ class RunRecord(Protocol):
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
     output_tokens: dict[str, list[StreamedToken]]
+
+    @property
+    def engine_priority(self) -> int: ...
 
 
 class CallRunner:
@@ -154,7 +156,7 @@ class CallRunner:
             points,
             early,
             self.record.objective,
-            self.record.priority,
+            self.record.engine_priority,
             owner=self.context_id,
         )
         # A lease from an earlier (early) fill is kept only while it is still a prefix of ours; when
@@ -173,7 +175,7 @@ class CallRunner:
             token_ids=token_ids[num_parent_tokens:],
             parent_context_id=None if parent is None else parent.context_id,
             objective=self.record.objective,
-            priority=self.record.priority,
+            priority=self.record.engine_priority,
         )
 
         def filled(result: FillResult | None) -> None:
@@ -202,7 +204,7 @@ class CallRunner:
             token_ids=token_ids,
             append=self.has_context,  # our context exists: extend it; else create it
             objective=self.record.objective,
-            priority=self.record.priority,
+            priority=self.record.engine_priority,
         )
 
         def filled(result: FillResult | None) -> None:
@@ -272,7 +274,7 @@ class CallRunner:
                 token_ids=fill.token_ids if fill is not None else [],
                 append=fill.append if fill is not None else False,
                 objective=self.record.objective,
-                priority=self.record.priority,
+                priority=self.record.engine_priority,
             )
         )
         finish_reason: str | None = None

@@ -243,7 +243,7 @@ class GraphExecutor:
             run.slot = EngineSlot(engine, is_latency, runner)
             self._views.placed.add(id(run), dispatch.key[0], run.task_group, dispatch.engine_id, run.tenant)
             run.state = CallState.RUNNING
-            run.engine_id = dispatch.engine_id
+            run.engine_id, run.fair_share = dispatch.engine_id, dispatch.fair_share
             run.dispatched_at = self.pool.clock.now()
             work = functools.partial(self._run, session, dispatch.key, run, runner, engine)
             self._chain(dispatch.key, run, work, counted=runner)
