@@ -17,7 +17,7 @@ from fastapi import Request
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.openai_api import PromptTokensDetails, Usage
-from parrot.protocol.public_api import CallSpec
+from parrot.protocol.public_api import MAX_TEMPLATE_CHARS, CallSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
 from parrot.serve.manager import Manager
@@ -54,9 +54,11 @@ class OneCall:
         sampling: list[SamplingParams],
         prefixes: list[str] | None = None,
         rename: Callable[[ParrotError], ParrotError] = lambda e: e,
+        prompt_field: str = "prompt",
     ) -> None:
         """`prompt`: text, or token ids (filled as given); `sampling`: one per choice; `rename`:
-        an engine's error about the sampling as one about the request's field."""
+        an engine's error about the sampling as one about the request's field; `prompt_field`: the
+        request field the prompt comes from (errors about its size name it)."""
         self.manager = manager
         self.rename = rename
         self.model = model
@@ -76,6 +78,9 @@ class OneCall:
             prompt_token_ids = prompt
             prompt = engine.tokenizer.decode(prompt, skip_special_tokens=False) or "(token ids)"
         self.prompt_text = prompt
+        if len(prompt) > MAX_TEMPLATE_CHARS:
+            msg = f"the prompt has {len(prompt):,} characters; at most {MAX_TEMPLATE_CHARS:,} are accepted"
+            raise ParrotError(msg, status=413, field=prompt_field)
         bad = next((t for t in sampling[0].logit_bias if t >= engine.tokenizer.vocab_size), None)
         if bad is not None:
             raise ParrotError(
@@ -88,8 +93,10 @@ class OneCall:
         try:
             specs = [CallSpec(template=prompt, sampling={OUTPUT: s}, model=resolved, name="openai") for s in sampling]
             calls = manager.submit_parsed(self.session, specs, template, prefixes or [], prompt_token_ids)
-        except BaseException:
+        except BaseException as e:
             self.manager.sessions.remove(self.session.session_id, "closed")
+            if isinstance(e, ParrotError) and (e.field or "").endswith("template"):  # the call's: the request's
+                raise ParrotError(e.message, status=e.status, field=prompt_field) from None
             raise
         graph = self.session.graph
         self.choices = [

@@ -17,6 +17,7 @@ choice ends (a partial call is not a call yet); a forced call comes whole at the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -44,7 +45,7 @@ from parrot.protocol.openai_api import (
     ToolCall,
     ToolCallDelta,
 )
-from parrot.protocol.public_api import ErrorResponse
+from parrot.protocol.public_api import MAX_TEMPLATE_CHARS, ErrorResponse
 from parrot.serve.http.deps import ManagerDep
 from parrot.serve.http.openai.call import OUTPUT, OneCall
 from parrot.serve.http.openai.params import Request as OpenAIRequest
@@ -58,6 +59,7 @@ from parrot.serve.http.openai.params import (
 )
 from parrot.serve.http.openai.report import TokenReport
 from parrot.serve.manager import Manager
+from parrot.text import Tokenizer
 from parrot.text.tools import parse_tool_calls, read_call, streamable_len
 from parrot.web.edge import BearerToken, error_body
 
@@ -91,7 +93,9 @@ def new_call(
     sampling = [
         sampling_params(req, max_tokens, top_logprobs, {**extra, "seed": choice_seed(req.seed, i)}) for i in range(n)
     ]
-    return OneCall(manager, api_key, req.model, prompt, sampling, prefixes, lambda e: request_field(e, field))
+    prompt_field = "prompt" if isinstance(req, CompletionRequest) else "messages"
+    rename = lambda e: request_field(e, field)  # noqa: E731
+    return OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field)
 
 
 @router.post("/completions", response_model=Completion)
@@ -153,16 +157,18 @@ async def chat_completions(
     engine = manager.pool.for_model(manager.pool.resolve_model(req.model))
     tokenizer = engine.tokenizer
     messages = [_message(m.model_dump(exclude_none=True), m.text()) for m in req.messages]
+    num_chars = sum(len(m["content"]) for m in messages)
+    if num_chars > MAX_TEMPLATE_CHARS:  # before rendering it (seconds of work for megabytes)
+        msg = f"the messages hold {num_chars:,} characters; at most {MAX_TEMPLATE_CHARS:,} are accepted"
+        raise ParrotError(msg, status=413, field="messages")
     described = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=described)
-    # Prefix points at message boundaries (the system prompt, the conversation so far).
-    counts = list(range(1, len(messages) + 1))
-    if len(counts) > _MAX_MESSAGE_POINTS:
-        counts = [1, *counts[-(_MAX_MESSAGE_POINTS - 1) :]]
-    prefixes = [tokenizer.apply_chat_template(messages[:k], False, tools=described) for k in counts]
+    # Rendering and counting a long conversation takes seconds: off the event loop.
+    prompt, prefixes, num_prompt_tokens = await asyncio.to_thread(
+        _render_chat, tokenizer, messages, described, count=not (req.max_completion_tokens or req.max_tokens)
+    )
     max_tokens = req.max_completion_tokens or req.max_tokens
     if max_tokens is None:  # whatever room the context leaves
-        max_tokens = max(1, min(32768, engine.max_model_len - len(tokenizer.encode(prompt))))
+        max_tokens = max(1, min(32768, engine.max_model_len - num_prompt_tokens))
     top = (req.top_logprobs or 0) if req.logprobs else 0
     run = new_call(manager, api_key, req, prompt, max_tokens, top, constraint(req, tools), prefixes)
     reports = [TokenReport(c.record, OUTPUT, run.tokenizer) for c in run.choices] if req.logprobs else None
@@ -177,6 +183,19 @@ async def chat_completions(
         message = AssistantMessage(content=content, tool_calls=calls)
         choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, logprobs=logprobs))
     return ChatCompletion(id=run.id, created=run.created, model=req.model, choices=choices, usage=run.usage())
+
+
+def _render_chat(
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, count: bool
+) -> tuple[str, list[str], int]:
+    """The prompt, its prefixes at message boundaries (the system prompt, the conversation so
+    far) and, with `count`, its length in tokens (0 otherwise)."""
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+    counts = list(range(1, len(messages) + 1))
+    if len(counts) > _MAX_MESSAGE_POINTS:
+        counts = [1, *counts[-(_MAX_MESSAGE_POINTS - 1) :]]
+    prefixes = [tokenizer.apply_chat_template(messages[:k], False, tools=tools) for k in counts]
+    return prompt, prefixes, len(tokenizer.encode(prompt)) if count else 0
 
 
 def _message(m: dict[str, Any], text: str) -> dict[str, Any]:
