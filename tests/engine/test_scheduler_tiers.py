@@ -11,6 +11,7 @@ import pytest
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.context import Context, ContextTable
+from parrot.engine.sched import scheduler
 from parrot.engine.sched.job import Job, JobKind
 from parrot.engine.sched.scheduler import Scheduler
 from parrot.protocol.objective import Objective
@@ -56,13 +57,19 @@ def test_a_better_tier_arrival_starts_before_running_lower_tier_prefill() -> Non
     assert h.step() == {"victim": 99, "flood0": 951, "flood1": 998}
 
 
-def test_lower_tiers_share_a_few_prompt_tokens_while_a_better_tier_runs() -> None:
+@pytest.mark.parametrize(("contention_s", "after"), [(2.0, 512), (0.0, 2048)])
+def test_lower_tiers_share_a_few_prompt_tokens_while_a_better_tier_runs(
+    monkeypatch: pytest.MonkeyPatch, contention_s: float, after: int
+) -> None:
+    monkeypatch.setattr(scheduler, "CONTENTION_S", contention_s)
     h = Harness(outranked_chunk_tokens=4)
     for i in range(2):
         h.job(JobKind.FILL, f"flood{i}", priority=0, tokens=3000)
     h.job(JobKind.FILL, "victim", priority=2, tokens=100)
     assert h.step() == {"victim": 99, "flood0": 4}  # 4 in all, not 4 each
-    assert h.step() == {"flood0": 2048}  # the victim's fill ended: the flood has the step again
+    # The victim's fill ended: the flood has the step again, prefill-sized (latency_prefill_tokens)
+    # while the contention is recent, so that a next better-tier arrival interrupts a short layer.
+    assert h.step() == {"flood0": after}
 
 
 def test_the_same_tier_shares_the_budget_in_order() -> None:

@@ -210,6 +210,10 @@ def test_another_tenants_aged_calls_do_not_rank_ahead_of_a_tenant_with_less_runn
     assert [placed(p), list(p.blocked)] == [{"b0": "e0"}, [("sa", "a0")]]
 
 
-def test_alone_a_tenant_is_never_marked_fair_share() -> None:
-    p = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0")])
-    assert [d.fair_share for d in p.dispatch] == [False]
+def test_fair_share_marks_only_a_tenant_under_its_share_beside_one_over_it() -> None:
+    alone = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0")])
+    # b runs 1 call of a share of 2 (latency cap 4, two tenants): a passing overlap, nobody is marked.
+    overlap = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0", running=1)], tenant_running={"e0": {"b": 1}})
+    # b runs 9: a is under its share beside a tenant over its own.
+    crowded = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0", running=9)], tenant_running={"e0": {"b": 9}})
+    assert [[d.fair_share for d in p.dispatch] for p in (alone, overlap, crowded)] == [[False], [False], [True]]

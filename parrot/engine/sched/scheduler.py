@@ -24,6 +24,10 @@ from parrot.protocol.engine_api import FillRequest, check_context_ids
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 
+# After a better tier met a lower one (an interrupted step, a lower-tier prompt held back), steps
+# stay prefill-sized this long: more such requests tend to follow the first.
+CONTENTION_S = 2.0
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, contexts: ContextTable, max_model_len: int) -> None:
@@ -40,6 +44,7 @@ class Scheduler:
         self._step_tier: tuple | None = None  # the running step's best tier, when it may be interrupted
         # Set when a job that outranks the running step arrives; the model reads it between layers.
         self.interrupt = threading.Event()
+        self._contended_until = 0.0  # steps stay prefill-sized until then (see `_token_budget`)
 
     # ---- admission --------------------------------------------------------------------------
     def add(self, job: Job) -> None:
@@ -47,6 +52,7 @@ class Scheduler:
         self.waiting.append(job)
         if self.outranks_step(job):
             self.interrupt.set()
+            self._contended_until = time.monotonic() + CONTENTION_S
 
     def begin_step(self, seqs: list[ScheduledSeq]) -> None:
         """The loop starts computing `seqs`. A step that computes more prompt tokens than the
@@ -113,7 +119,7 @@ class Scheduler:
         plan = StepPlan()
         self.running.sort(key=lambda j: self.order_key(j, now))
         self.waiting.sort(key=lambda j: self.order_key(j, now))
-        budget = _Budget(self._token_budget(), self.config.outranked_chunk_tokens, self._top_tier(now))
+        budget = _Budget(self._token_budget(now), self.config.outranked_chunk_tokens, self._top_tier(now))
         # Decodes first (one token each), then chunks, both in policy order. A waiting job that
         # outranks a running chunk starts before it: a long prefill of lower-ranked work does not
         # hold back a higher-ranked request that arrives while it runs.
@@ -125,6 +131,8 @@ class Scheduler:
             self._admit(plan, budget, now, protected, above=self.order_key(job, now))
             self._serve([job], plan, budget, protected, now)
         self._admit(plan, budget, now, protected)
+        if budget.limited:
+            self._contended_until = now + CONTENTION_S
         return plan
 
     def _top_tier(self, now: float) -> tuple | None:
@@ -150,17 +158,22 @@ class Scheduler:
             protected.add(job.context_id)
             budget.spend(n + (handoff is not None), outranked)
 
-    def _token_budget(self) -> int:
+    def _token_budget(self, now: float) -> int:
         """The step's token budget. Latency-critical work that decodes caps it (every step is one
-        of its output tokens); latency-critical work that only prefills gets prefill-sized steps."""
+        of its output tokens); latency-critical work that only prefills gets prefill-sized steps.
+        Shortly after tiers met (`CONTENTION_S`), steps are prefill-sized too: a better-tier request
+        that arrives mid-step then interrupts a layer of a 512-token step, not of a 2,048-token one."""
         cfg = self.config
         cap = cfg.latency_max_batched_tokens
+        full = cfg.max_num_batched_tokens
+        if now < self._contended_until and cfg.latency_prefill_tokens is not None:
+            full = min(full, cfg.latency_prefill_tokens)
         latency = [j for j in self.running + self.waiting if j.objective == Objective.LATENCY]
         if cap is None or not latency:
-            return cfg.max_num_batched_tokens
+            return full
         if cfg.latency_prefill_tokens is not None and not any(self._decoding(j) for j in latency):
             cap = max(cap, cfg.latency_prefill_tokens)
-        return min(cap, cfg.max_num_batched_tokens)
+        return min(cap, full)
 
     def _decoding(self, job: Job) -> bool:
         """A Generate that can run and whose prompt is computed: each step makes one of its tokens
@@ -339,6 +352,7 @@ class _Budget:
     tokens: int
     outranked_left: int | None
     top: tuple | None
+    limited: bool = False  # some lower-tier job got fewer prompt tokens than it needed
 
     def outranked(self, key: tuple) -> bool:
         return self.outranked_left is not None and self.top is not None and tier(key) > self.top
@@ -348,6 +362,7 @@ class _Budget:
         n = min(need, self.tokens)
         if outranked and n > 1:
             n = min(n, max(self.outranked_left or 0, 0))
+            self.limited = self.limited or n < min(need, self.tokens)
         return n
 
     def spend(self, n: int, outranked: bool) -> None:

@@ -166,10 +166,15 @@ def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant:
 
 
 def _place(call: CallView, e: EngineView, load: _Load) -> Dispatch:
-    """Put `call` on `e`: its dispatch, marked `fair_share` when its tenant is under its share."""
-    latency = call.objective is Objective.LATENCY
-    on_engine = load.tenants.get(e.engine_id, {}).get(call.tenant, 0)
-    fair_share = load.num_tenants > 1 and on_engine < _share(e, load, latency)
+    """Put `call` on `e`: its dispatch, marked `fair_share` when its tenant is under its share of
+    the engine while another tenant is over its own (the mark stays with the call: a passing
+    overlap of two tenants marks nothing)."""
+    fair_share = False
+    if load.num_tenants > 1:
+        share = _share(e, load, call.objective is Objective.LATENCY)
+        tenants = load.tenants.get(e.engine_id, {})
+        crowded = any(n > share for t, n in tenants.items() if t != call.tenant)
+        fair_share = crowded and tenants.get(call.tenant, 0) < share
     load.place(call, e.engine_id)
     return Dispatch(call.key, e.engine_id, fair_share)
 
