@@ -10,7 +10,7 @@ import asyncio
 from manager_harness import new_session, run_manager
 
 from parrot.engine.async_engine import AsyncEngine
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig
