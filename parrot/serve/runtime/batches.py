@@ -13,6 +13,8 @@ from parrot.protocol.public_api import CallSpec, VariableSpec
 from parrot.protocol.template import ParsedTemplate
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import chat_message_boundaries
+from parrot.serve.runtime.analysis import num_ready_pieces
+from parrot.serve.runtime.contexts import prompt_points
 from parrot.serve.runtime.engines import EnginePool
 from parrot.serve.runtime.graph import StagedBatch
 from parrot.serve.runtime.render import check_prompt_len, encode_run
@@ -51,6 +53,7 @@ def stage_batch(
             field="calls",
         )
     staged.num_chars = batch_chars(var_specs, [spec for spec, _, _ in calls])
+    staged.points_block_tokens = config.prefix_block_tokens if config.prefix_sharing else None
     session.check_chars(staged.num_chars, config.max_chars_per_session, "calls" if calls else "variables")
     variables = collections.ChainMap({v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables)
     return staged, variables
@@ -83,3 +86,6 @@ def tokenize_batch(
             if shared_prompt and len(prompt_ids) > 1:
                 boundaries.append(len(prompt_ids) - 1)
             call.message_boundaries = tuple(boundaries)
+        num_ready = num_ready_pieces(call, variables)
+        if staged.points_block_tokens is not None and num_ready > 0:  # here, not on the event loop
+            prompt_points(call, variables, engine.tokenizer, num_ready, staged.points_block_tokens)

@@ -334,6 +334,7 @@ class CallRunner:
         """Release the context (the engine frees it when the work queued on it ends) and the lease."""
         self._drop_lease()
         self.call.encodings.clear()
+        self.call.points.clear()
         self.prompt_ids = []
         self.pending = None
         if not self.has_context:

@@ -67,7 +67,17 @@ def prompt_points(
     call: CallNode, variables: Mapping[str, Variable], tokenizer: Tokenizer, stop: int, block_tokens: int
 ) -> tuple[list[int], tuple[PrefixPoint, ...]]:
     """The token ids of pieces[:stop] (all known) that may be filled now (render.render_prompt) and
-    their prefix points."""
+    their prefix points; cached on the call (values never change once set)."""
+    key = (id(tokenizer), stop, block_tokens)
+    cached = call.points.get(key)
+    if cached is None:
+        cached = call.points[key] = _prompt_points(call, variables, tokenizer, stop, block_tokens)
+    return cached
+
+
+def _prompt_points(
+    call: CallNode, variables: Mapping[str, Variable], tokenizer: Tokenizer, stop: int, block_tokens: int
+) -> tuple[list[int], tuple[PrefixPoint, ...]]:
     prompt = render_prompt(call, variables, tokenizer, stop)
     token_ids = prompt.token_ids
     if call.message_boundaries is None:

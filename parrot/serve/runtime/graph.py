@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.public_api import CallSpec, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate
 from parrot.serve.runtime.variable import Variable
+
+if TYPE_CHECKING:
+    from parrot.serve.policy.prefix import PrefixPoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,10 @@ class CallNode:
         # A cache (render.encode_run): (id(tokenizer), start) -> (stop, the rendered pieces[start:stop]
         # tokenized). Values never change once set, so an entry stays valid; the runner clears it.
         self.encodings: dict[tuple[int, int], tuple[int, Encoded]] = {}
+        # A cache (contexts.prompt_points): (id(tokenizer), stop, block tokens) -> the tokens of
+        # pieces[:stop] and their prefix points; computed at submit on the worker thread that
+        # tokenizes the batch, so rebuilding the call's view on the event loop costs a lookup.
+        self.points: dict[tuple[int, int, int], tuple[list[int], tuple[PrefixPoint, ...]]] = {}
         # Plain requests: token positions in the single text piece where chat messages end (prefix
         # points, prefix.py); None for semantic calls, whose points are the piece boundaries.
         self.message_boundaries: tuple[int, ...] | None = None
@@ -76,6 +84,7 @@ class StagedBatch:
     inline_variables: list[Variable] = field(default_factory=list)  # inline values and unbound outputs
     calls: list[CallNode] = field(default_factory=list)
     num_chars: int = 0  # the text it stores (templates, values): counted against the session's limit
+    points_block_tokens: int | None = None  # with prefix sharing: compute the calls' prefix points at submit
 
 
 class SessionGraph:
