@@ -77,7 +77,16 @@ class Cluster:
         cap = None if config.latency_cap else setup.max_num_batched_tokens
         n = setup.engines if num_engines is None else num_engines
         self.engines = [SimEngine(setup, folder, config.shared_prefix_attention, cap) for _ in range(n)]
-        limits = {"max_sessions": 10**6, "max_sessions_per_tenant": 10**6, "max_open_calls_per_tenant": 10**7}
+        # Every app is submitted by one tenant ("sim"), up to 10k at the same virtual instant: the
+        # per-tenant quotas and rate limit (a production manager's defaults) are lifted.
+        limits = {
+            "max_sessions": 10**6,
+            "max_sessions_per_tenant": 10**6,
+            "max_open_calls_per_tenant": 10**7,
+            "max_tokens_in_flight_per_tenant": 10**12,
+            "max_requests_per_s_per_tenant": 1e12,
+            "request_burst_per_tenant": 10**9,
+        }
         self.manager: Manager = create_manager(
             self.engines,
             config=ManagerConfig(

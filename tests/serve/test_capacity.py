@@ -17,6 +17,9 @@ def test_calibration_from_the_step_profile() -> None:
     assert calibrate_latency_cap({8: 10.0, 16: 12.0}, tpot_target_ms=20.0, fallback=4, max_cap=1000) == 48
     assert calibrate_latency_cap({8: 10.0, 16: 12.0}, tpot_target_ms=20.0, fallback=4, max_cap=32) == 32
     assert calibrate_latency_cap({16: 10.0}, tpot_target_ms=20.0, fallback=4, max_cap=1000) == 32
+    # One bucket gives no slope: the cap before any measurement holds until a second bucket does.
+    assert calibrate_latency_cap({1: 20.0}, tpot_target_ms=50.0, fallback=16, max_cap=1000) == 16
+    assert calibrate_latency_cap({1: 20.0, 2: 21.0}, tpot_target_ms=50.0, fallback=16, max_cap=1000) == 31
     # Nothing measured yet.
     assert calibrate_latency_cap({}, tpot_target_ms=20.0, fallback=4, max_cap=1000) == 4
     assert calibrate_latency_cap({}, tpot_target_ms=20.0, fallback=4, max_cap=2) == 2

@@ -23,7 +23,10 @@ def calibrate_latency_cap(
     With `floor_slack`, the target is at least that multiple of the engine's one- or two-token step
     time (a target the hardware cannot meet would otherwise cap latency work at one call).
     Linear between measured buckets; past the largest measured bucket, extrapolated along the last
-    segment's slope (or proportionally, with one bucket). `fallback` before anything is measured.
+    segment's slope. One bucket gives no slope: proportional extrapolation (a step costing nothing
+    fixed) is only a lower bound, and `fallback`, the cap before anything is measured, holds until a
+    second bucket is measured (a batching engine seen serving one stream at 20 ms a token would
+    otherwise get a cap of 2 against a 50 ms target, and never run more streams to learn better).
     Always in [1, max_cap].
     """
     points = sorted((int(k), float(v)) for k, v in profile.items() if v > 0)
@@ -46,6 +49,8 @@ def calibrate_latency_cap(
         estimate = b_last + (tpot_target_ms - m_last) / slope
     else:
         estimate = b_last * tpot_target_ms / m_last
+        if len(points) == 1:
+            estimate = max(estimate, fallback)
     return _clamp(estimate, max_cap)
 
 
