@@ -140,8 +140,8 @@ class OpenAIEngineClient:
         """{"model", "model_folder", "max_model_len"}: from `GET /v1/models` once, then cached."""
         if self._info is None:
             self._info = self._read_model_card(await self._upstream.get("/v1/models"))
-            if self.model_folder is not None:
-                self._tokenizer = Tokenizer(self.model_folder)
+            if self.model_folder is not None:  # loading a tokenizer takes ~0.1 s: off the event loop
+                self._tokenizer = await asyncio.to_thread(Tokenizer, self.model_folder)
                 self._eos_ids = eos_token_ids(self.model_folder, self._tokenizer.eos_token_id)
         return dict(self._info)
 
