@@ -3,50 +3,13 @@ only prefills, steps take `latency_prefill_tokens` (scheduler unit tests, no mod
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from sched_harness import Harness
 
 from parrot.engine.config import EngineConfig
-from parrot.engine.kv.block_pool import BlockPool
-from parrot.engine.kv.context import Context, ContextTable
-from parrot.engine.sched.job import Job, JobKind
-from parrot.engine.sched.scheduler import Scheduler
 from parrot.protocol.objective import Objective
 
 LAT, TPUT = Objective.LATENCY, Objective.THROUGHPUT
-
-
-class Harness:
-    def __init__(self, **config: object) -> None:
-        cfg = EngineConfig(max_num_batched_tokens=2048, **config)  # type: ignore[arg-type]
-        self.contexts = ContextTable(BlockPool(4096), 16)
-        self.scheduler = Scheduler(cfg, self.contexts, 8192)
-        self.ids = itertools.count()
-
-    def job(self, kind: JobKind, cid: str, objective: Objective, tokens: int = 0, fork_from: str | None = None) -> Job:
-        if cid not in self.contexts:
-            self.contexts.contexts[cid] = Context(cid, fork_from)
-        job = Job(next(self.ids), kind, cid, lambda e: None, objective, 0, 0.0, fork_from=fork_from)
-        job.token_ids = list(range(tokens))
-        self.scheduler.add(job)
-        return job
-
-    def fill(self, cid: str, objective: Objective, tokens: int) -> Job:
-        return self.job(JobKind.FILL, cid, objective, tokens)
-
-    def generate(self, cid: str, objective: Objective, fork_from: str | None = None) -> Job:
-        return self.job(JobKind.GENERATE, cid, objective, fork_from=fork_from)
-
-    def plan_tokens(self) -> list[int]:
-        return [s.num_new for s in self.scheduler.schedule().seqs]
-
-    def computed(self, cid: str, num_tokens: int) -> None:
-        """A context holding `num_tokens` tokens, all computed but the last (as after a fill)."""
-        ctx = self.contexts.create(cid)
-        ctx.tokens = list(range(num_tokens))
-        self.contexts.reserve(ctx, num_tokens)
-        ctx.num_computed = num_tokens - 1
 
 
 def test_a_lone_latency_prefill_takes_prefill_sized_steps() -> None:

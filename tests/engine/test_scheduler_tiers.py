@@ -4,55 +4,23 @@ step of lower-tier work may be interrupted by a better arrival."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from sched_harness import Harness
 
 from parrot.engine.config import EngineConfig
-from parrot.engine.kv.block_pool import BlockPool
-from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.sched import scheduler
-from parrot.engine.sched.job import Job, JobKind
-from parrot.engine.sched.scheduler import Scheduler
+from parrot.engine.sched.job import JobKind
 from parrot.protocol.objective import Objective
 
 LAT = Objective.LATENCY
 
 
-class Harness:
-    def __init__(self, **config: object) -> None:
-        cfg = EngineConfig(max_num_batched_tokens=2048, **config)  # type: ignore[arg-type]
-        self.contexts = ContextTable(BlockPool(4096), 16)
-        self.scheduler = Scheduler(cfg, self.contexts, 8192)
-        self.ids = itertools.count()
-
-    def job(self, kind: JobKind, cid: str, priority: int, tokens: int = 0) -> Job:
-        if cid not in self.contexts:
-            self.contexts.contexts[cid] = Context(cid, None)
-        job = Job(next(self.ids), kind, cid, lambda e: None, LAT, priority, 0.0)
-        job.token_ids = list(range(tokens))
-        self.scheduler.add(job)
-        return job
-
-    def step(self) -> dict[str, int]:
-        """Plan a step and apply it as the engine would (tokens computed; jobs with nothing left end)."""
-        plan = self.scheduler.schedule()
-        out = {}
-        for s in plan.seqs:
-            ctx = self.contexts.get(s.job.context_id)
-            ctx.num_computed += s.num_new
-            out[s.job.context_id] = out.get(s.job.context_id, 0) + s.num_new
-            if s.job.kind is JobKind.FILL and ctx.num_computed >= s.job.target:
-                self.scheduler.finish(s.job)
-        return out
-
-
 def test_a_better_tier_arrival_starts_before_running_lower_tier_prefill() -> None:
     h = Harness(outranked_chunk_tokens=None)
     for i in range(3):
-        h.job(JobKind.FILL, f"flood{i}", priority=0, tokens=3000)
+        h.job(JobKind.FILL, f"flood{i}", tokens=3000, priority=0)
     assert h.step() == {"flood0": 2048}
-    h.job(JobKind.FILL, "victim", priority=2, tokens=100)
+    h.job(JobKind.FILL, "victim", tokens=100, priority=2)
     # Before: the running flood chunk took the budget first and the victim waited for it.
     assert h.step() == {"victim": 99, "flood0": 951, "flood1": 998}
 
@@ -64,8 +32,8 @@ def test_lower_tiers_share_a_few_prompt_tokens_while_a_better_tier_runs(
     monkeypatch.setattr(scheduler, "CONTENTION_S", contention_s)
     h = Harness(outranked_chunk_tokens=4)
     for i in range(2):
-        h.job(JobKind.FILL, f"flood{i}", priority=0, tokens=3000)
-    h.job(JobKind.FILL, "victim", priority=2, tokens=100)
+        h.job(JobKind.FILL, f"flood{i}", tokens=3000, priority=0)
+    h.job(JobKind.FILL, "victim", tokens=100, priority=2)
     assert h.step() == {"victim": 99, "flood0": 4}  # 4 in all, not 4 each
     # The victim's fill ended: the flood has the step again, prefill-sized (latency_prefill_tokens)
     # while the contention is recent, so that a next better-tier arrival interrupts a short layer.
@@ -74,8 +42,8 @@ def test_lower_tiers_share_a_few_prompt_tokens_while_a_better_tier_runs(
 
 def test_the_same_tier_shares_the_budget_in_order() -> None:
     h = Harness(outranked_chunk_tokens=4)
-    h.job(JobKind.FILL, "a", priority=1, tokens=1500)
-    h.job(JobKind.FILL, "b", priority=1, tokens=1500)
+    h.job(JobKind.FILL, "a", tokens=1500, priority=1)
+    h.job(JobKind.FILL, "b", tokens=1500, priority=1)
     assert h.step() == {"a": 1499, "b": 549}
 
 
@@ -87,10 +55,10 @@ def test_a_long_lower_tier_step_is_interrupted_only_by_a_better_tier(
     arrival_priority: int, step_tokens: int, interrupts: bool
 ) -> None:
     h = Harness(outranked_chunk_tokens=4)
-    h.job(JobKind.FILL, "flood", priority=0, tokens=step_tokens + 1)
+    h.job(JobKind.FILL, "flood", tokens=step_tokens + 1, priority=0)
     plan = h.scheduler.schedule()
     h.scheduler.begin_step(plan.seqs)
-    newcomer = h.job(JobKind.FILL, "victim", priority=arrival_priority, tokens=10)
+    newcomer = h.job(JobKind.FILL, "victim", tokens=10, priority=arrival_priority)
     assert [h.scheduler.outranks_step(newcomer), h.scheduler.interrupt.is_set()] == [interrupts, interrupts]
     h.scheduler.end_step(interrupted=interrupts)
     assert [h.scheduler.outranks_step(newcomer), h.scheduler.num_interrupted_steps] == [False, int(interrupts)]
