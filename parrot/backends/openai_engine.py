@@ -196,6 +196,8 @@ class OpenAIEngineClient:
 
     # ---- the engine API ---------------------------------------------------------------------------
     async def fill(self, req: FillRequest) -> FillResult:
+        if req.score:
+            raise ParrotError("this engine cannot score tokens: its upstream reports no prompt logprobs", field="score")
         info = await self.info()
         await self._settle(req.context_id, req.parent_context_id)  # no await from here on
         bad = next((t for t in req.token_ids if t < 0), None)

@@ -44,7 +44,6 @@ from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
     FillRequest,
-    FillResult,
     FreeContextRequest,
     GenerateRequest,
     TokenEvent,
@@ -115,7 +114,8 @@ class LLMEngine:
         with self._cv:
             self.scheduler.check_fill(req)
             self._check_live(req.context_id, req.parent_context_id)
-            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids))
+            scores = [float("nan")] * len(req.token_ids) if req.score else None
+            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids), scores=scores)
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
@@ -371,8 +371,7 @@ class LLMEngine:
         ctx = self.contexts.get(job.context_id)
         if not job.finished and ctx.num_computed >= job.target:
             self.scheduler.finish(job)
-            result = FillResult(context_id=ctx.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=job.num_filled)
-            events.append((job.sink, result))
+            events.append((job.sink, job.fill_result(ctx.context_id, ctx.num_tokens)))
 
     def _end_aborted(self) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:

@@ -16,7 +16,7 @@ from parrot.engine.kv.context import ContextTable
 from parrot.engine.logits import start_history
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.sampler import SampleRow, sample
-from parrot.engine.sched.job import ScheduledSeq, StepPlan
+from parrot.engine.sched.job import Job, ScheduledSeq, StepPlan
 
 
 class ModelRunner:
@@ -56,6 +56,7 @@ class ModelRunner:
         slots: list[int] = []
         specs: list[SeqSpec] = []
         sample_rows: list[int] = []
+        scored: list[tuple[int, Job, int, int]] = []  # (row, scoring job, index in its tokens, that token)
         rows: list[SampleRow] = []
         for s in seqs:
             ctx = self.contexts.get(s.job.context_id)
@@ -70,6 +71,13 @@ class ModelRunner:
                 slots.extend(range(first, first + n))
                 pos += n
             specs.append(SeqSpec(s.num_new, end, table))
+            if s.job.scores is not None:  # a scoring fill: rows whose next token is one of its own
+                first = max(start, s.job.score_from - 1)
+                last = min(end, s.job.score_from + len(s.job.scores) - 1)
+                row0 = len(ids) - s.num_new - start
+                scored.extend(
+                    (row0 + p, s.job, p + 1 - s.job.score_from, ctx.tokens[p + 1]) for p in range(first, last)
+                )
             if s.sample:
                 sample_row = s.sampler_job.sample_row
                 assert sample_row is not None
@@ -81,9 +89,20 @@ class ModelRunner:
         input_ids, positions_t, slot_mapping = torch.tensor([ids, positions, slots], dtype=torch.long)
         self.backend.prepare(specs, slot_mapping)
         hidden = self.model(input_ids, positions_t, self.backend.forward, interrupt)
+        if scored:
+            self._score(hidden, scored)
         if not sample_rows:
             return [], []
         if len(sample_rows) < len(ids):  # a pure decode step samples every row: no gather
             hidden = hidden[torch.tensor(sample_rows)]
         logits = self.model.logits(hidden, as_float=False)
         return sample(logits, rows, self.native_sampling, self.row_invariant)
+
+    def _score(self, hidden: torch.Tensor, scored: list[tuple[int, Job, int, int]]) -> None:
+        """Each scored row's log-probability of the token after it, into its job's scores."""
+        rows = torch.tensor([r for r, _, _, _ in scored])
+        logprobs = torch.log_softmax(self.model.logits(hidden[rows]), dim=-1)
+        picked = logprobs[torch.arange(len(scored)), torch.tensor([t for _, _, _, t in scored])].tolist()
+        for (_, job, i, _), value in zip(scored, picked, strict=True):
+            assert job.scores is not None
+            job.scores[i] = value

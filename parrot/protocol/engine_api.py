@@ -51,12 +51,18 @@ class FillRequest(_Req):
 
     objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
+    # Score the filled tokens: FillResult.token_logprobs gives each one's log-probability given
+    # every token before it (a select scores its options as forks of the prompt this way). An
+    # engine that cannot score answers 400 naming `score`.
+    score: bool = False
 
 
 class FillResult(_Msg):
     context_id: ContextId
     num_tokens: int  # the context's length after the fill, parent prefix included
     num_filled_tokens: int  # tokens this fill computed
+    # With `score`: one per filled token (None for a context's very first token: nothing precedes it).
+    token_logprobs: list[float | None] | None = None
 
 
 class GenerateRequest(_Req):

@@ -77,6 +77,8 @@ class SimEngine:
 
     async def fill(self, req: FillRequest) -> FillResult:
         self._check_alive()
+        if req.score:  # a simulated engine computes no logits
+            raise ParrotError("a simulated engine cannot score tokens", field="score")
         job = self._add_fill(req)
         if job is None:
             ctx = self.kv.contexts[req.context_id]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,7 +49,18 @@ class Job:
     decoder: IncrementalDecoder | None = None
     stop_window: str = ""  # recent text kept to catch stop strings across token boundaries
     output_token_ids: list[int] = field(default_factory=list)  # what this generation put in the context
+    # A scoring fill (FillRequest.score): each filled token's logprob, NaN until computed, and the
+    # index in the context's tokens of its first filled token.
+    scores: list[float] | None = None
+    score_from: int = 0
     finished: bool = False
+
+    def fill_result(self, context_id: str, num_tokens: int) -> FillResult:
+        """What a fill that ended reports (a scoring fill: its tokens' logprobs, None where unknown)."""
+        scored = None if self.scores is None else [None if math.isnan(x) else x for x in self.scores]
+        return FillResult(
+            context_id=context_id, num_tokens=num_tokens, num_filled_tokens=self.num_filled, token_logprobs=scored
+        )
 
     def emit(self, event: JobEvent) -> None:
         """Hand one event to the sink at once (errors, aborts: outside a step's batch)."""

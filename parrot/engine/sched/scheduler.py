@@ -230,6 +230,9 @@ class Scheduler:
                     f"more than the limit {self.max_model_len}",
                     field="token_ids",
                 )
+            if job.scores is not None and ctx.tokens and ctx.num_computed >= len(ctx.tokens):
+                return ParrotError("cannot score: the context's last token is computed already", field="score")
+            job.score_from = len(ctx.tokens)
             ctx.tokens.extend(job.token_ids)
             # The last token stays uncomputed: a Generate (or a fork's fill) computes it and
             # samples from its logits, so no hidden state is kept between requests.
