@@ -172,7 +172,7 @@ class SessionCore:
                     continue  # our long poll ended; the caller's timeout has not
                 raise
             assert got.value is not None
-            var._value = got.value
+            var._value, var._scores = got.value, got.scores
             return got.value
 
     async def stream(self, var: SemanticVariable, criteria: Criteria) -> AsyncIterator[str]:

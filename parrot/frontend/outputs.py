@@ -58,11 +58,14 @@ class Output:
         return f"Output({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
 
 
-def select(options: Sequence[str], **settings: Any) -> Output:
-    """An output that is exactly one of `options` (the `choices` constraint)."""
+def select(options: Sequence[str], scored: bool = True, **settings: Any) -> Output:
+    """An output that is exactly one of `options`. `scored` (the default): the option the model
+    finds most likely given the prompt, each scored as a fork of the filled prompt (one fill plus a
+    short scoring fill per option, no generation); the variable's `scores` then hold every option's
+    log-probability. `scored=False`: generated under the choices grammar (the first likely path)."""
     if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
         raise ParrotError("select takes a list of non-empty strings", field="choices")
-    return Output(choices=list(options), **settings)
+    return Output(choices=list(options), score_choices=scored, **settings)
 
 
 def check_one_constraint(settings: Mapping[str, Any], where: str) -> None:

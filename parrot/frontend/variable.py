@@ -54,6 +54,7 @@ class SemanticVariable(Generic[V]):
         self._error: ParrotError | None = None  # its creation was refused
         self._call_id: str | None = None  # the call producing it, once the server named it
         self._parse: Callable[[str], Any] | None = None  # a typed output's parser
+        self._scores: dict[str, float] | None = None  # a scored select's, once read
 
     def __str__(self) -> str:
         return marker(self._core.session_id, self.var_id)
@@ -65,6 +66,12 @@ class SemanticVariable(Generic[V]):
     def __repr__(self) -> str:
         state = "ready" if self._value is not None else "pending"
         return f"SemanticVariable({self.var_id!r}, name={self.name!r}, {state})"
+
+    @property
+    def scores(self) -> dict[str, float] | None:
+        """A scored `select`'s log-probability of each option given the prompt, once the value was
+        read (`get`); None for any other output."""
+        return self._scores
 
     @property
     def is_known(self) -> bool:

@@ -232,6 +232,8 @@ class VariableValue(_Msg):
     var_id: str
     state: VariableState
     value: str | None = None
+    # An output with scored choices (`score_choices`): each choice's log-probability given the prompt.
+    scores: dict[str, float] | None = None
 
 
 class StreamChunk(_Msg):

@@ -38,6 +38,11 @@ class SamplingParams(BaseModel):
     regex: str | None = Field(default=None, min_length=1, max_length=4096)
     json_schema: dict[str, Any] | None = None
     choices: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    # With `choices`: the manager picks the choice the model finds most likely (the highest sum of
+    # its tokens' logprobs), scoring each as a fork of the filled prompt: one fill plus one short
+    # scoring fill per choice, no generation. The scores come with the value. Without it, the text
+    # is generated under the choices grammar (the first likely path, as vLLM's guided choice does).
+    score_choices: bool = False
     # Each generated token's `top_logprobs` most likely alternatives are reported with it.
     top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     # OpenAI's penalties on the output so far: logit -= presence * [count > 0] + frequency * count.
@@ -92,6 +97,8 @@ class SamplingParams(BaseModel):
         named = [n for n in ("regex", "json_schema", "choices") if getattr(self, n) is not None]
         if len(named) > 1:
             raise ValueError(f"at most one of regex, json_schema and choices (got {', '.join(named)})")
+        if self.score_choices and self.choices is None:
+            raise ValueError("score_choices scores the choices: set choices")
         if named and self.ignore_eos:
             raise ValueError(f"{named[0]} ends the output where the constraint is met: ignore_eos cannot be set")
         return self

@@ -345,7 +345,7 @@ class Manager:
             session.touch()
         if var.error is not None:
             raise var.error
-        return VariableValue(var_id=var_id, state=VariableState.READY, value=var.value)
+        return VariableValue(var_id=var_id, state=VariableState.READY, value=var.value, scores=var.scores)
 
     async def stream_variable(
         self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY, timeout_s: float = 600.0

@@ -19,6 +19,7 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.engine_api import GenerateRequest, TokenEvent, TopLogprob
 from parrot.protocol.engine_client import EngineClient
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import create_app, create_manager
 
@@ -109,3 +110,27 @@ def test_the_dialect_sends_each_setting_and_refuses_what_it_cannot_ask() -> None
         [TopLogprob(token_id=4, logprob=-0.5)],
         [TopLogprob(token_id=3, logprob=-0.1)],
     ]
+
+
+def test_a_scored_select_over_an_engine_that_cannot_score_uses_the_choices_grammar(
+    upstream_url: str, tiny_model_folder: Path
+) -> None:
+    # The adapter answers a scoring fill with 400 naming `score`: the call generates under the
+    # choices grammar instead, and its value has no scores.
+    async def main() -> None:
+        client = OpenAIEngineClient(upstream_url, api_key="k", tokenizer_folder=tiny_model_folder)
+        manager = create_manager([client])
+        await manager.start()
+        try:
+            created = manager.create_session("k")
+            session = manager.session(created.session_id, created.token)
+            sampling = SamplingParams(max_tokens=8, choices=["alpha", "beta"], score_choices=True)
+            spec = CallSpec(template="Pick one:{{output:v}}", sampling={"v": sampling})
+            manager.submit(session, SubmitRequest(calls=[spec]))
+            got = await manager.get_variable(session, "c0~v", timeout_s=60)
+            assert [got.value in ["alpha", "beta"], got.scores] == [True, None]
+        finally:
+            await manager.stop()
+            await client.aclose()
+
+    asyncio.run(main())

@@ -248,10 +248,56 @@ class CallRunner:
             var = self.variables[self.call.outputs[name]]
             if var.value is not None and name in self.record.finish_reasons:
                 await self._fill_tokens(self.record.output_token_ids[name])  # set by an earlier run
-            else:
-                await self._generate(name, var)
+            elif not (self.call.sampling[name].score_choices and await self._select(name, var)):
+                await self._generate(name, var)  # (an engine that cannot score: the choices grammar)
             self.num_filled_pieces = stop + 1  # the generated tokens are in the context
         await self._flush()  # a resumed last output's tokens, filled back
+
+    async def _select(self, name: str, var: Variable) -> bool:
+        """Score each choice (tokenized on its own) as a fork of the context, in one batch of
+        scoring fills; the most likely one (the first on a tie) goes into the context and sets the
+        output, with every choice's score. False, changing nothing, when the engine cannot score."""
+        choices = self.call.sampling[name].choices or []
+        await self._flush()  # the prompt is in the context: the forks read it
+        token_ids = self.engine.tokenizer.encode_batch(choices)
+        forks = [f"{self.context_id}.choice{i}" for i in range(len(choices))]
+        fills = [
+            FillRequest(
+                context_id=fork,
+                parent_context_id=self.context_id,
+                token_ids=ids,
+                score=True,
+                objective=self.record.objective,
+                priority=self.record.engine_priority,
+            )
+            for fork, ids in zip(forks, token_ids, strict=True)
+        ]
+        try:
+            results = await asyncio.gather(*(self.engine.client.fill(f) for f in fills))
+        except ParrotError as e:
+            if e.field == "score":
+                return False
+            raise
+        finally:
+            await asyncio.gather(*(free_context(self.engine.client, fork) for fork in forks))
+        scores = [sum(x or 0.0 for x in r.token_logprobs or ()) for r in results]
+        best = max(range(len(choices)), key=lambda i: (scores[i], -i))
+        chosen = token_ids[best]
+        req = FillRequest(
+            context_id=self.context_id,
+            token_ids=chosen,
+            append=True,
+            objective=self.record.objective,
+            priority=self.record.engine_priority,
+        )
+        await self._fill(req, lambda _: None)  # the chosen tokens follow the prompt, as generated ones would
+        self.record.output_token_ids[name] = list(chosen)
+        logprobs = results[best].token_logprobs or [None] * len(chosen)
+        self.record.output_tokens[name] = [(t, lp, None) for t, lp in zip(chosen, logprobs, strict=True)]
+        var.scores = dict(zip(choices, scores, strict=True))
+        var.append(choices[best])
+        self._set_output(name, var, "stop")
+        return True
 
     async def _generate(self, name: str, var: Variable) -> None:
         sampling = self.call.sampling[name]

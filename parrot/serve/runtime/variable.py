@@ -25,6 +25,7 @@ class Variable:
         "error",
         "name",
         "producer_call_id",
+        "scores",
         "value",
         "var_id",
     )
@@ -37,6 +38,7 @@ class Variable:
         self.value: str | None = None
         self.error: ParrotError | None = None
         self.chunks: list[str] = []  # streamed text so far; joined, it is the value once set
+        self.scores: dict[str, float] | None = None  # a scored select's log-probability per choice
         # The strongest criteria a `get` asked for; objective deduction (deduction.py) reads it.
         self.criteria: Criteria | None = None
         self._changed = asyncio.Event()
