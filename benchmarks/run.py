@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=sorted(SCALES), default="quick")
     parser.add_argument("--with-vllm", action="store_true", help="also run real vLLM (d); ~3 min to start")
     parser.add_argument("--vllm-startup-s", type=float, default=None, help="how long vLLM may take to start")
+    parser.add_argument(
+        "--vllm-stream-interval", type=int, default=1, help="Parrot+vLLM: tokens per chunk the adapter asks vLLM for"
+    )
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--configs", nargs="*", help="configuration keys to run (default: all; e.g. parrot_vllm d)")
     parser.add_argument("--no-ablations", action="store_true")
@@ -302,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             num_main = sum(not c.ablation for c in configs)
             configs.insert(num_main, Config("d", "(d) vLLM", "vllm", False, about=VLLM))
             configs.insert(num_main, Config("parrot_vllm", "Parrot+vLLM", "parrot_vllm", True, about=PARROT_VLLM))
-            upstream = OpenAIUpstream(vllm.base_url, vllm.model, str(vllm.model_folder))
+            upstream = OpenAIUpstream(
+                vllm.base_url, vllm.model, str(vllm.model_folder), None, args.vllm_stream_interval
+            )
             over_vllm = parrot_over(upstream, server_spec(plan, "parrot"))
             servers["parrot_vllm"] = stack.enter_context(running_upstream(over_vllm))
         else:

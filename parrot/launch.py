@@ -40,13 +40,14 @@ class OpenAIUpstream:
     model: str | None = None
     tokenizer: str | None = None
     api_key: str | None = None
+    stream_interval: int = 1  # tokens per streamed chunk asked of it (vLLM's stream_interval)
 
     def client(self) -> OpenAIEngineClient:
         folder = None
         if self.tokenizer is not None:
             path = Path(self.tokenizer)
             folder = path if (path / "tokenizer.json").is_file() else resolve_model_folder(self.tokenizer)
-        return OpenAIEngineClient(self.url, self.model, self.api_key, folder)
+        return OpenAIEngineClient(self.url, self.model, self.api_key, folder, stream_interval=self.stream_interval)
 
 
 @dataclass

@@ -25,10 +25,14 @@ async def connect_engine(
         for name in ("model", "tokenizer", "api_key", "max_model_len"):
             if getattr(req, name) is not None:
                 raise ParrotError(f"{name} is for kind 'openai': a Parrot engine says its own", field=name)
+        if req.stream_interval != 1:
+            raise ParrotError("stream_interval is for kind 'openai'", field="stream_interval")
         return HttpEngineClient(req.url, secret=engine_secret)
     if req.tokenizer is not None and not (Path(req.tokenizer) / "tokenizer.json").is_file():
         raise ParrotError(f"no tokenizer.json in {req.tokenizer!r} on the manager's machine", field="tokenizer")
-    client = OpenAIEngineClient(req.url, req.model, req.api_key, req.tokenizer, req.max_model_len)
+    client = OpenAIEngineClient(
+        req.url, req.model, req.api_key, req.tokenizer, req.max_model_len, stream_interval=req.stream_interval
+    )
     try:
         await _check_upstream(client, has_tokenizer)
     except BaseException:

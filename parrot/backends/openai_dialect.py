@@ -43,6 +43,7 @@ def completion_body(
     max_tokens: int,
     ask_token_ids: bool,
     priority: int = 0,
+    stream_interval: int = 1,
 ) -> dict[str, Any]:
     """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
     something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`,
@@ -51,7 +52,8 @@ def completion_body(
     adds `logprobs` (0, or the alternatives asked for) with `return_tokens_as_token_ids` (tokens as
     ids, vLLM). Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises
     ParrotError (400) for what the upstream cannot be asked: alternatives reported by text only (no
-    token ids to report them with), a choice's score."""
+    token ids to report them with), a choice's score. `stream_interval` > 1 (vLLM): tokens per
+    streamed chunk."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -95,6 +97,8 @@ def completion_body(
         body["return_tokens_as_token_ids"] = True
     if priority:
         body["priority"] = priority
+    if stream_interval > 1:
+        body["stream_interval"] = stream_interval
     return body
 
 

@@ -73,7 +73,13 @@ def cmd_serve(a: argparse.Namespace) -> None:
     serve = values["serve"]
     configs = [engine_config] if serve["builtin"] else []
     upstreams = [
-        OpenAIUpstream(u, serve["openai_model"], serve["openai_tokenizer"], serve["openai_api_key"])
+        OpenAIUpstream(
+            u,
+            serve["openai_model"],
+            serve["openai_tokenizer"],
+            serve["openai_api_key"],
+            serve["openai_stream_interval"],
+        )
         for u in serve["openai_engines"]
     ]
     host = serve["host"]

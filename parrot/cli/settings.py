@@ -5,7 +5,7 @@ Precedence: the dataclasses' defaults, then the config file, then the command li
 has three tables, each optional:
 
     [serve]    host, port, builtin, engine_urls, openai_engines, openai_model, openai_tokenizer,
-               openai_api_key
+               openai_api_key, openai_stream_interval
     [engine]   EngineConfig's fields (model, dtype, max_num_batched_tokens, latency_max_batched_tokens,
                latency_prefill_tokens, ...)
     [manager]  ManagerConfig's fields (api_keys, policy, tpot_target_ms, latency_cap_calls, ...)
@@ -42,6 +42,7 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "openai_model": None,
     "openai_tokenizer": None,
     "openai_api_key": None,
+    "openai_stream_interval": 1,
 }
 SERVE_TYPES: dict[str, Any] = {
     "host": str,
@@ -52,6 +53,7 @@ SERVE_TYPES: dict[str, Any] = {
     "openai_model": str | None,
     "openai_tokenizer": str | None,
     "openai_api_key": str | None,
+    "openai_stream_interval": int,
 }
 
 

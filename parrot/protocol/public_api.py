@@ -154,6 +154,12 @@ class RegisterEngineRequest(_Req):
         "(default: the upstream model card's `root`, if that is such a folder)",
     )
     api_key: str | None = Field(default=None, min_length=1, max_length=4096, description="openai: the upstream's key")
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="openai: tokens per streamed chunk asked of a vLLM upstream (its stream_interval)",
+    )
     max_model_len: int | None = Field(
         default=None, ge=1, le=10_000_000, description="openai: default: the upstream model card's (vLLM reports it)"
     )

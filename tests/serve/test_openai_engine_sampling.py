@@ -19,7 +19,7 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.engine_api import GenerateRequest, TokenEvent, TopLogprob
 from parrot.protocol.engine_client import EngineClient
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import CallSpec, SubmitRequest
+from parrot.protocol.public_api import CallSpec, RegisterEngineRequest, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import create_app, create_manager
 
@@ -92,7 +92,8 @@ def test_the_dialect_sends_each_setting_and_refuses_what_it_cannot_ask() -> None
         "repetition_penalty": 1.1,
         "logit_bias": {"7": -3.0},
     }
-    assert [body["structured_outputs"], body["logprobs"]] == [{"regex": "a+"}, 0]
+    assert [body["structured_outputs"], body["logprobs"], "stream_interval" in body] == [{"regex": "a+"}, 0, False]
+    assert completion_body("m", [1], sampling, 4, ask_token_ids=True, stream_interval=8)["stream_interval"] == 8
     with pytest.raises(ParrotError) as info:
         completion_body("m", [1], SamplingParams(top_logprobs=2), 4, ask_token_ids=False)
     assert [info.value.status, info.value.field] == [400, "sampling.top_logprobs"]
@@ -134,3 +135,11 @@ def test_a_scored_select_over_an_engine_that_cannot_score_uses_the_choices_gramm
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_stream_interval_is_an_openai_engines_setting() -> None:
+    req = RegisterEngineRequest(url="http://127.0.0.1:9", stream_interval=8)
+    with pytest.raises(ParrotError) as info:
+        asyncio.run(connect_engine(req, has_tokenizer=True))
+    assert [info.value.status, info.value.field] == [400, "stream_interval"]
+    assert OpenAIEngineClient("http://127.0.0.1:9", stream_interval=8).stream_interval == 8
