@@ -99,7 +99,8 @@ def test_api_keys_and_session_tokens_are_checked(small_server: LiveServer) -> No
     # B's own session has no such variable.
     assert error_of(b.get("/variables/secret", timeout_s=1))[:2] == (404, "var_id")
     assert error_of(http.get("/v1/sessions/s-nope", headers=bearer(b.token)))[:2] == (404, "session_id")
-    assert a.get("/variables/secret").json() == {"var_id": "secret", "state": "ready", "value": "A's text"}
+    ready = {"var_id": "secret", "state": "ready", "value": "A's text", "scores": None}
+    assert a.get("/variables/secret").json() == ready
 
 
 def test_bad_requests_get_4xx_naming_the_problem_and_change_nothing(small_server: LiveServer) -> None:
