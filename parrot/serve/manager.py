@@ -229,17 +229,17 @@ class Manager:
         session: Session,
         specs: Sequence[CallSpec],
         template: ParsedTemplate,
-        message_prefixes: Sequence[str] = (),
+        message_prefix_ids: Sequence[list[int]] = (),
         prompt_token_ids: list[int] | None = None,
     ) -> list[CallNode]:
         """A plain request (the OpenAI routes): its one text piece is the raw prompt, never parsed
-        for placeholders. `message_prefixes` are the rendered leading chat messages (prefix points
-        at message boundaries). `prompt_token_ids`, when the client sent token ids, are the text
-        piece's tokens as given (never re-tokenized). A client waits on the answer: its output is
-        latency-critical. Several `specs` (OpenAI's `n`: one per choice, same model) share the
+        for placeholders. `message_prefix_ids`: the leading chat messages' tokens (prefix points at
+        message boundaries). `prompt_token_ids`: the piece's tokens as the client sent them, or as
+        the route tokenized its text off the event loop (never re-tokenized). A client waits on the
+        answer: its output is latency-critical. Several `specs` (OpenAI's `n`: one per choice, same model) share the
         prompt: with prefix sharing it is filled once and each call forks it (batches.py)."""
         staged = [(spec, template, self.pool.resolve_model(spec.model)) for spec in specs]
-        calls = self._submit(session, [], staged, "", message_prefixes, prompt_token_ids, len(specs) > 1).calls
+        calls = self._submit(session, [], staged, "", message_prefix_ids, prompt_token_ids, len(specs) > 1).calls
         for call in calls:
             self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
         return calls
@@ -250,13 +250,13 @@ class Manager:
         var_specs: Sequence[VariableSpec],
         calls: Sequence[tuple[CallSpec, ParsedTemplate, str]],
         prefix: str,
-        message_prefixes: Sequence[str] | None = None,
+        message_prefix_ids: Sequence[list[int]] | None = None,
         prompt_token_ids: list[int] | None = None,
         shared_prompt: bool = False,
     ) -> StagedBatch:
         self._check_admissible(session, len(calls))
         staged, variables = stage_batch(session, var_specs, calls, prefix, self.config)
-        tokenize_batch(staged, variables, self.pool, prefix, message_prefixes, prompt_token_ids, shared_prompt)
+        tokenize_batch(staged, variables, self.pool, prefix, message_prefix_ids, prompt_token_ids, shared_prompt)
         return self._commit(session, staged)
 
     async def submit_async(

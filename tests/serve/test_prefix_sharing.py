@@ -125,7 +125,9 @@ def test_plain_requests_share_chat_prefixes_and_report_cached_tokens(default_mod
         for question in ("What is a parrot?", "Why is the sky blue?"):
             messages = [system, {"role": "user", "content": question}]
             prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
-            prefixes = [tok.apply_chat_template(messages[:k], add_generation_prompt=False) for k in (1, 2)]
+            prefixes = tok.encode_batch(
+                [tok.apply_chat_template(messages[:k], add_generation_prompt=False) for k in (1, 2)]
+            )
             run_ = OneCall(manager, "key", "fake", prompt, [SamplingParams(max_tokens=4)], prefixes=prefixes)
             await run_.complete()
             usages.append(run_.usage())

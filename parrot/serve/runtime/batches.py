@@ -64,7 +64,7 @@ def tokenize_batch(
     variables: Mapping[str, Variable],
     pool: EnginePool,
     prefix: str,
-    message_prefixes: Sequence[str] | None = None,
+    message_prefix_ids: Sequence[list[int]] | None = None,
     prompt_token_ids: list[int] | None = None,
     shared_prompt: bool = False,
 ) -> None:
@@ -79,9 +79,9 @@ def tokenize_batch(
         field = f"{prefix}[{j}].template" if prefix else "template"
         num_known = check_prompt_len(call, variables, engine.tokenizer, engine.max_model_len, field)
         call.num_tokens = num_known + sum(s.max_tokens for s in call.sampling.values())
-        if message_prefixes is not None:  # a plain request: one text piece
+        if message_prefix_ids is not None:  # a plain request: one text piece
             prompt_ids = encode_run(call, variables, engine.tokenizer, 0, 1).token_ids
-            prefix_ids = engine.tokenizer.encode_batch(list(message_prefixes)) if message_prefixes else []
+            prefix_ids = list(message_prefix_ids)
             boundaries = [n for n, _ in chat_message_boundaries(prompt_ids, prefix_ids)]
             if shared_prompt and len(prompt_ids) > 1:
                 boundaries.append(len(prompt_ids) - 1)

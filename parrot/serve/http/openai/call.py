@@ -52,13 +52,16 @@ class OneCall:
         model: str,
         prompt: str | list[int],
         sampling: list[SamplingParams],
-        prefixes: list[str] | None = None,
+        prefixes: list[list[int]] | None = None,
         rename: Callable[[ParrotError], ParrotError] = lambda e: e,
         prompt_field: str = "prompt",
+        prompt_ids: list[int] | None = None,
     ) -> None:
         """`prompt`: text, or token ids (filled as given); `sampling`: one per choice; `rename`:
         an engine's error about the sampling as one about the request's field; `prompt_field`: the
-        request field the prompt comes from (errors about its size name it)."""
+        request field the prompt comes from (errors about its size name it); `prompt_ids`: a text
+        prompt's tokens, when the route tokenized it (off the event loop); `prefixes`: the token
+        ids of its leading chat messages."""
         self.manager = manager
         self.rename = rename
         self.model = model
@@ -69,7 +72,7 @@ class OneCall:
             raise ParrotError("the prompt is empty", field="prompt")
         engine = manager.pool.for_model(resolved)
         self.tokenizer = engine.tokenizer
-        prompt_token_ids = None
+        prompt_token_ids = prompt_ids
         if isinstance(prompt, list):
             vocab_size = engine.tokenizer.vocab_size
             bad = next((t for t in prompt if not 0 <= t < vocab_size), None)

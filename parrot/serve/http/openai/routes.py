@@ -84,7 +84,8 @@ def new_call(
     max_tokens: int,
     top_logprobs: int,
     constrained: tuple[dict[str, Any], str | None],
-    prefixes: list[str] | None = None,
+    prefixes: list[list[int]] | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> OneCall:
     """The request's `n` choices as calls; a seeded request's choices get seeds of their own.
     `constrained`: the constraint's sampling fields and the request field they come from."""
@@ -95,7 +96,7 @@ def new_call(
     ]
     prompt_field = "prompt" if isinstance(req, CompletionRequest) else "messages"
     rename = lambda e: request_field(e, field)  # noqa: E731
-    return OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field)
+    return OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field, prompt_ids)
 
 
 @router.post("/completions", response_model=Completion)
@@ -162,15 +163,13 @@ async def chat_completions(
         msg = f"the messages hold {num_chars:,} characters; at most {MAX_TEMPLATE_CHARS:,} are accepted"
         raise ParrotError(msg, status=413, field="messages")
     described = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    # Rendering and counting a long conversation takes seconds: off the event loop.
-    prompt, prefixes, num_prompt_tokens = await asyncio.to_thread(
-        _render_chat, tokenizer, messages, described, count=not (req.max_completion_tokens or req.max_tokens)
-    )
+    # Rendering and tokenizing a long conversation takes seconds: off the event loop.
+    prompt, prompt_ids, prefix_ids = await asyncio.to_thread(_render_chat, tokenizer, messages, described)
     max_tokens = req.max_completion_tokens or req.max_tokens
     if max_tokens is None:  # whatever room the context leaves
-        max_tokens = max(1, min(32768, engine.max_model_len - num_prompt_tokens))
+        max_tokens = max(1, min(32768, engine.max_model_len - len(prompt_ids)))
     top = (req.top_logprobs or 0) if req.logprobs else 0
-    run = new_call(manager, api_key, req, prompt, max_tokens, top, constraint(req, tools), prefixes)
+    run = new_call(manager, api_key, req, prompt, max_tokens, top, constraint(req, tools), prefix_ids, prompt_ids)
     reports = [TokenReport(c.record, OUTPUT, run.tokenizer) for c in run.choices] if req.logprobs else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -186,16 +185,16 @@ async def chat_completions(
 
 
 def _render_chat(
-    tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, count: bool
-) -> tuple[str, list[str], int]:
-    """The prompt, its prefixes at message boundaries (the system prompt, the conversation so
-    far) and, with `count`, its length in tokens (0 otherwise)."""
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[str, list[int], list[list[int]]]:
+    """The prompt, its tokens, and the tokens of its prefixes at message boundaries (the system
+    prompt, the conversation so far)."""
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     counts = list(range(1, len(messages) + 1))
     if len(counts) > _MAX_MESSAGE_POINTS:
         counts = [1, *counts[-(_MAX_MESSAGE_POINTS - 1) :]]
     prefixes = [tokenizer.apply_chat_template(messages[:k], False, tools=tools) for k in counts]
-    return prompt, prefixes, len(tokenizer.encode(prompt)) if count else 0
+    return prompt, tokenizer.encode(prompt), tokenizer.encode_batch(prefixes)
 
 
 def _message(m: dict[str, Any], text: str) -> dict[str, Any]:
