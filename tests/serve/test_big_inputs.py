@@ -73,3 +73,11 @@ def test_the_manager_answers_while_a_big_chat_conversation_is_rendered(server: L
     big = [{"role": "user", "content": line * 3}] * 100
     resp = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": big}, headers=KEY)
     assert [resp.status_code, resp.json()["error"]["field"]] == [413, "messages"]
+
+
+def test_the_manager_answers_while_a_long_completion_prompt_is_tokenized(server: LiveServer) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 20_000  # ~0.9 MB
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4}
+    result = post_while_probing(server, lambda http: http.post("/v1/completions", json=body, headers=KEY))
+    assert [result["status"], result["field"]] == [400, "prompt"]  # too long for the model, said plainly
+    assert_answered_throughout(result)

@@ -63,6 +63,7 @@ from parrot.text import Tokenizer
 from parrot.text.tools import parse_tool_calls, read_call, streamable_len
 from parrot.web.edge import BearerToken, error_body
 
+_OFFLOAD_CHARS = 100_000  # a prompt longer than this is tokenized on a worker thread
 _ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413)}
 router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
 
@@ -110,7 +111,12 @@ async def completions(
     if req.echo and req.logprobs is not None:
         raise ParrotError("echo with logprobs is not supported: the prompt's logprobs are not computed", field="echo")
     prompt = _one_prompt(req.prompt)
-    run = new_call(manager, api_key, req, prompt, req.max_tokens or 16, req.logprobs or 0, constraint(req))
+    prompt_ids = None
+    if isinstance(prompt, str) and _OFFLOAD_CHARS < len(prompt) <= MAX_TEMPLATE_CHARS:  # off the event loop
+        tokenizer = manager.pool.for_model(manager.pool.resolve_model(req.model)).tokenizer
+        prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
+    top = req.logprobs or 0
+    run = new_call(manager, api_key, req, prompt, req.max_tokens or 16, top, constraint(req), None, prompt_ids)
     reports = None
     if req.logprobs is not None:
         reports = [TokenReport(c.record, OUTPUT, run.tokenizer, req.return_tokens_as_token_ids) for c in run.choices]
