@@ -1,0 +1,118 @@
+"""Where Parrot+vLLM's time per token goes on GPTs-like traffic: the same requests sent to one real
+vLLM server whole (as the request-level client sends them), streamed as the engine adapter asks
+(token ids, `logprobs: 0`, `priority`), and through Parrot's embedded manager over the adapter.
+
+    python -m benchmarks.vllm_paths_ab --rounds 3        # vLLM set up by scripts/setup_vllm.sh
+
+Each round sends `--requests` requests (a shared 930-token system prompt + a 20-token question,
+32 output tokens) at `--rate` per second in every mode, modes interleaved; prints the median over
+rounds of the mean latency per output token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import httpx
+
+from benchmarks.peers import random_prompts
+from benchmarks.peers.vllm_server import VLLMServer, vllm_server, vocab_size_of
+from parrot.backends.openai_engine import OpenAIEngineClient
+from parrot.protocol.public_api import CallSpec
+from parrot.protocol.sampling import SamplingParams
+from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
+from parrot.serve import ManagerConfig, create_manager
+
+OUT = 32
+STREAMED = {"stream": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+
+
+async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, extra: dict[str, Any]) -> float:
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
+
+        async def one(prompt: list[int], delay: float) -> None:
+            await asyncio.sleep(delay)
+            body = {"model": server.model, "prompt": prompt, "max_tokens": OUT, "temperature": 0.0, "ignore_eos": True}
+            start = time.perf_counter()
+            if extra.get("stream"):
+                async with http.stream("POST", "/v1/completions", json=body | extra) as resp:
+                    async for _ in resp.aiter_lines():
+                        pass
+            else:
+                (await http.post("/v1/completions", json=body | extra)).raise_for_status()
+            latencies.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(one(p, i * gap_s) for i, p in enumerate(prompts)))
+    return 1000 * statistics.mean(latencies) / OUT
+
+
+async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float, interval: int = 1) -> float:
+    client = OpenAIEngineClient(
+        server.base_url, server.model, tokenizer_folder=server.model_folder, stream_interval=interval
+    )
+    manager = create_manager([client], config=ManagerConfig())
+    await manager.start()
+    latencies: list[float] = []
+    template = ParsedTemplate((TextPiece("x"), Placeholder("o", PlaceholderKind.OUTPUT)), (), ("o",))
+    sampling = SamplingParams(max_tokens=OUT, ignore_eos=True, temperature=0.0)
+    try:
+
+        async def one(prompt: list[int], delay: float) -> None:
+            await asyncio.sleep(delay)
+            created = manager.create_session("bench")
+            session = manager.session(created.session_id, created.token)
+            spec = CallSpec(template="x", sampling={"o": sampling}, model=manager.pool.models[0])
+            start = time.perf_counter()
+            (node,) = manager.submit_parsed(session, [spec], template, (), prompt)  # a plain request, as tokens
+            await manager.get_variable(session, node.outputs["o"], timeout_s=120)
+            latencies.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(one(p, i * gap_s) for i, p in enumerate(prompts)))
+    finally:
+        await manager.stop()
+        await client.aclose()
+    return 1000 * statistics.mean(latencies) / OUT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=8.0, help="requests per second")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--startup-s", type=float, default=1200.0)
+    args = parser.parse_args()
+    gap_s = 1.0 / args.rate
+    with vllm_server(startup_timeout_s=args.startup_s) as server:
+        vocab = vocab_size_of(server.model_folder)
+        system = random_prompts(1, 930, vocab, "paths/system")[0]
+
+        def prompts(tag: str) -> list[list[int]]:  # a fresh question each: only the system prompt is cached
+            return [system + q for q in random_prompts(args.requests, 20, vocab, tag)]
+
+        modes: dict[str, Callable[[list[list[int]]], Coroutine[Any, Any, float]]] = {
+            "whole": lambda p: direct(server, p, gap_s, {}),
+            "whole+priority": lambda p: direct(server, p, gap_s, {"priority": -1}),
+            "streamed": lambda p: direct(server, p, gap_s, STREAMED),
+            "streamed+priority": lambda p: direct(server, p, gap_s, {**STREAMED, "priority": -1}),
+            "parrot": lambda p: via_parrot(server, p, gap_s),
+            "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, 8),
+        }
+        asyncio.run(direct(server, prompts("paths/warm"), gap_s, {}))
+        results: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            order = list(modes) if r % 2 == 0 else list(modes)[::-1]
+            for i, mode in enumerate(order):
+                results[mode].append(asyncio.run(modes[mode](prompts(f"paths/{r}/{i}"))))
+        for mode, values in results.items():
+            runs = ", ".join(f"{v:.1f}" for v in values)
+            print(f"{mode:>20}: median {statistics.median(values):.1f} ms per output token ({runs})")
+
+
+if __name__ == "__main__":
+    main()
