@@ -123,8 +123,10 @@ class Scheduler:
         # Decodes first (one token each), then chunks, both in policy order. A waiting job that
         # outranks a running chunk starts before it: a long prefill of lower-ranked work does not
         # hold back a higher-ranked request that arrives while it runs.
-        decodes = [j for j in self.running if self._need(j) <= 1]
-        chunks = [j for j in self.running if self._need(j) > 1]
+        decodes: list[Job] = []
+        chunks: list[Job] = []
+        for job in self.running:
+            (decodes if self._need(job) <= 1 else chunks).append(job)
         protected: set[str] = set()
         self._serve(decodes, plan, budget, protected, now)
         for job in chunks:

@@ -148,21 +148,24 @@ def _candidates(call: CallView, engines: dict[str, EngineView]) -> list[EngineVi
     return [e for e in engines.values() if e.model == call.model and e.alive]
 
 
-def _share(e: EngineView, load: _Load, any_latency: bool) -> int:
-    """Each tenant's share of the engine's calls (at least one) while several tenants have work."""
-    cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+def _cap(e: EngineView, load: _Load, any_latency: bool) -> int:
+    return call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+
+
+def _share(cap: int, load: _Load) -> int:
+    """Each tenant's share of an engine's `cap` calls (at least one) while several tenants have work."""
     return max(1, cap // load.num_tenants)
 
 
 def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
-    cap = call_capacity(load.latency[e.engine_id], e.latency_cap, e.max_running_calls, any_latency)
+    cap = _cap(e, load, any_latency)
     if load.running[e.engine_id] + num_calls <= cap:
         return True
     # With several tenants, each may run its share of the cap whatever the others run: another
     # tenant's flood, even one dispatched before the cap was calibrated down, does not keep it
     # waiting. The engine then holds at most its cap plus one call per tenant.
     on_engine = load.tenants.get(e.engine_id, {}).get(tenant, 0)
-    return load.num_tenants > 1 and on_engine + num_calls <= _share(e, load, any_latency)
+    return load.num_tenants > 1 and on_engine + num_calls <= _share(cap, load)
 
 
 def _place(call: CallView, e: EngineView, load: _Load) -> Dispatch:
@@ -171,7 +174,7 @@ def _place(call: CallView, e: EngineView, load: _Load) -> Dispatch:
     overlap of two tenants marks nothing)."""
     fair_share = False
     if load.num_tenants > 1:
-        share = _share(e, load, call.objective is Objective.LATENCY)
+        share = _share(_cap(e, load, call.objective is Objective.LATENCY), load)
         tenants = load.tenants.get(e.engine_id, {})
         crowded = any(n > share for t, n in tenants.items() if t != call.tenant)
         fair_share = crowded and tenants.get(call.tenant, 0) < share
