@@ -27,7 +27,7 @@ class ServerThread:
         graceful_shutdown_s: int = 2,
         name: str = "parrot-server",
     ) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         self._sock = sock
