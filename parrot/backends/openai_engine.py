@@ -79,6 +79,10 @@ from parrot.protocol.errors import ParrotError, not_found
 from parrot.text import Tokenizer, cut_to_text
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
+# Tokens per streamed chunk asked of a vLLM upstream for a generation nobody watches
+# (GenerateRequest.watched): one chunk per token cost vLLM ~8% and the manager most of its CPU per
+# request on GPTs-like traffic (`benchmarks.vllm_paths_ab`); a reader that comes later sees bursts.
+UNWATCHED_STREAM_INTERVAL = 16
 
 
 @dataclass
@@ -244,8 +248,11 @@ class OpenAIEngineClient:
         sampling = req.sampling
         priority = upstream_priority(req.objective, req.priority) if self._upstream.send_priority else 0
         max_tokens = min(sampling.max_tokens, room)
+        interval = self.stream_interval
+        if not req.watched and self.ask_token_ids:  # vLLM's dialect: chunks of several tokens
+            interval = max(interval, UNWATCHED_STREAM_INTERVAL)
         body = completion_body(
-            info["model"], ctx.token_ids, sampling, max_tokens, self.ask_token_ids, priority, self.stream_interval
+            info["model"], ctx.token_ids, sampling, max_tokens, self.ask_token_ids, priority, interval
         )
         rule = StopRule(self._eos_ids, sampling.ignore_eos)
         retokenize = self._tokenizer.encode if self._tokenizer is not None else None

@@ -115,7 +115,9 @@ class LLMEngine:
             self.scheduler.check_fill(req)
             self._check_live(req.context_id, req.parent_context_id)
             scores = [float("nan")] * len(req.token_ids) if req.score else None
-            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids), scores=scores)
+            tops = [None] * len(req.token_ids) if req.score and req.top_logprobs else None
+            extra = {"scores": scores, "score_tops": tops, "num_score_top": req.top_logprobs}
+            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids), **extra)
 
     def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
         """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk

@@ -17,6 +17,9 @@ from parrot.engine.logits import start_history
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.sampler import SampleRow, sample
 from parrot.engine.sched.job import Job, ScheduledSeq, StepPlan
+from parrot.protocol.engine_api import TopLogprob
+
+SCORE_ROWS = 256  # rows of a scoring fill's logits computed at once (256 x a 49k vocabulary: 50 MB)
 
 
 class ModelRunner:
@@ -99,10 +102,18 @@ class ModelRunner:
         return sample(logits, rows, self.native_sampling, self.row_invariant)
 
     def _score(self, hidden: torch.Tensor, scored: list[tuple[int, Job, int, int]]) -> None:
-        """Each scored row's log-probability of the token after it, into its job's scores."""
-        rows = torch.tensor([r for r, _, _, _ in scored])
-        logprobs = torch.log_softmax(self.model.logits(hidden[rows]), dim=-1)
-        picked = logprobs[torch.arange(len(scored)), torch.tensor([t for _, _, _, t in scored])].tolist()
-        for (_, job, i, _), value in zip(scored, picked, strict=True):
-            assert job.scores is not None
-            job.scores[i] = value
+        """Each scored row's log-probability of the token after it, into its job's scores (and its
+        most likely alternatives, when the job asks), `SCORE_ROWS` rows of logits at a time."""
+        for at in range(0, len(scored), SCORE_ROWS):
+            part = scored[at : at + SCORE_ROWS]
+            rows = torch.tensor([r for r, _, _, _ in part])
+            logprobs = torch.log_softmax(self.model.logits(hidden[rows]), dim=-1)
+            picked = logprobs[torch.arange(len(part)), torch.tensor([t for _, _, _, t in part])].tolist()
+            k = max(job.num_score_top for _, job, _, _ in part)
+            values, ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0])
+            for (_, job, i, _), value, top_v, top_i in zip(part, picked, values.tolist(), ids.tolist(), strict=True):
+                assert job.scores is not None
+                job.scores[i] = value
+                if job.score_tops is not None:
+                    alternatives = zip(top_i[: job.num_score_top], top_v[: job.num_score_top], strict=True)
+                    job.score_tops[i] = [TopLogprob(token_id=int(t), logprob=v) for t, v in alternatives]

@@ -32,6 +32,11 @@ class _Req(_Msg):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
+class TopLogprob(_Msg):
+    token_id: int
+    logprob: float
+
+
 class FillRequest(_Req):
     """Create `context_id` holding `token_ids` (a fork of `parent_context_id`'s tokens first, if
     given), or with `append` extend the existing `context_id`. Creating an id that exists is a 409
@@ -53,8 +58,10 @@ class FillRequest(_Req):
     priority: int = Field(default=0, ge=-1000, le=1000)
     # Score the filled tokens: FillResult.token_logprobs gives each one's log-probability given
     # every token before it (a select scores its options as forks of the prompt this way). An
-    # engine that cannot score answers 400 naming `score`.
+    # engine that cannot score answers 400 naming `score`. `top_logprobs` (with `score`): also each
+    # filled token's most likely alternatives at its position (FillResult.top_logprobs).
     score: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=20)
 
 
 class FillResult(_Msg):
@@ -63,6 +70,7 @@ class FillResult(_Msg):
     num_filled_tokens: int  # tokens this fill computed
     # With `score`: one per filled token (None for a context's very first token: nothing precedes it).
     token_logprobs: list[float | None] | None = None
+    top_logprobs: list[list[TopLogprob] | None] | None = None  # with score and top_logprobs, as token_logprobs
 
 
 class GenerateRequest(_Req):
@@ -82,6 +90,10 @@ class GenerateRequest(_Req):
     append: bool = False
     objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
+    # False: nobody reads the text as it is generated (only the output at the end, or another call
+    # that waits for it), so an engine may hand tokens over in batches (the OpenAI adapter asks vLLM
+    # for chunks of 16: a token per chunk costs its server and the manager CPU). Same tokens either way.
+    watched: bool = True
 
     @model_validator(mode="after")
     def _append_has_no_parent(self) -> GenerateRequest:
@@ -107,11 +119,6 @@ class GenerateRequest(_Req):
         if not self.token_ids:
             return self
         return self.model_copy(update={"token_ids": [], "parent_context_id": None, "append": False})
-
-
-class TopLogprob(_Msg):
-    token_id: int
-    logprob: float
 
 
 class TokenEvent(_Msg):

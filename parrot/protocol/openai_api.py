@@ -75,6 +75,7 @@ class _SamplingFields(_Req):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
     response_format: ResponseFormat | None = None
+    stream_interval: int | None = Field(default=None, ge=1, le=4096)  # vLLM's: tokens per streamed chunk
 
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under `return_tokens_as_token_ids`

@@ -354,6 +354,7 @@ class Manager:
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
         self.metrics.variable_get()
+        var.watched = True  # now, not at the generator's first step: a dispatch may come in between
         return self._stream(session, var, timeout_s)
 
     async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:
@@ -369,9 +370,8 @@ class Manager:
                     except StopAsyncIteration:
                         return
                     except TimeoutError:
-                        raise ParrotError(
-                            f"variable {var.var_id!r} did not finish within {timeout_s:g} s", status=408
-                        ) from None
+                        msg = f"variable {var.var_id!r} did not finish within {timeout_s:g} s"
+                        raise ParrotError(msg, status=408) from None
                     yield chunk
         finally:
             session.num_waiting_gets -= 1

@@ -93,7 +93,13 @@ def test_freeing_a_generating_context_frees_it_when_the_generation_ends(engine: 
 def test_http_api_and_malformed_bodies(server: str) -> None:
     with httpx.Client(base_url=server, timeout=60) as c:
         r = c.post("/v1/engine/fill", json={"context_id": "h1", "token_ids": [4, 5, 6, 7]})
-        body = {"context_id": "h1", "num_tokens": 4, "num_filled_tokens": 3, "token_logprobs": None}
+        body = {
+            "context_id": "h1",
+            "num_tokens": 4,
+            "num_filled_tokens": 3,
+            "token_logprobs": None,
+            "top_logprobs": None,
+        }
         assert [r.status_code, r.json()] == [200, body]
         with c.stream(
             "POST",

@@ -57,3 +57,29 @@ def test_a_score_is_the_logprob_the_sampler_gives_the_same_token(tiny_model_fold
     (event,) = [e for e in sync_client.wait_generate(handle, timeout=5) if e.token_id is not None]
     scored = fill(engine, FillRequest(context_id="s", parent_context_id="p", token_ids=[event.token_id], score=True))
     assert scored.token_logprobs == pytest.approx([event.logprob], abs=1e-5)
+
+
+def test_alternatives_are_the_most_likely_tokens_the_sampler_reports(tiny_model_folder: Path) -> None:
+    engine = make_engine(tiny_model_folder)
+    fill(engine, FillRequest(context_id="p", token_ids=PROMPT))
+    greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, top_logprobs=3)
+    handle = sync_client.submit_generate(
+        engine, GenerateRequest(context_id="g", parent_context_id="p", sampling=greedy)
+    )
+    while engine.step():
+        pass
+    (event,) = [e for e in sync_client.wait_generate(handle, timeout=5) if e.token_id is not None]
+    assert event.top_logprobs is not None
+    req = FillRequest(context_id="s", token_ids=[*PROMPT, event.token_id], score=True, top_logprobs=3)
+    scored = fill(engine, req)
+    assert scored.top_logprobs is not None and scored.token_logprobs is not None
+    assert [len(scored.top_logprobs), scored.top_logprobs[0]] == [len(PROMPT) + 1, None]
+    last = scored.top_logprobs[-1]
+    assert last is not None
+    # The generated token's position: the same alternatives, in the same order, as the sampler's.
+    assert [t.token_id for t in last] == [t.token_id for t in event.top_logprobs]
+    assert [t.logprob for t in last] == pytest.approx([t.logprob for t in event.top_logprobs], abs=1e-5)
+    for logprob, top in zip(scored.token_logprobs[1:], scored.top_logprobs[1:], strict=True):
+        assert top is not None and len(top) == 3 and logprob is not None and logprob <= top[0].logprob + 1e-6
+    # Without top_logprobs, none are reported.
+    assert fill(engine, FillRequest(context_id="t", token_ids=PROMPT, score=True)).top_logprobs is None

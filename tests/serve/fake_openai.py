@@ -1,10 +1,10 @@
 """A fake OpenAI-compatible completion server (vLLM's dialect), for tests of the engine adapter.
 
 It records every `/v1/completions` body, and answers each with `max_tokens` copies of one token
-(streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`,
-or whole), a token's delay growing with the number of requests it serves at once (a batching
-engine's step), and usage with the prompt's length. Like vLLM without `--scheduling-policy
-priority`, it can refuse a non-zero `priority` with vLLM's 400.
+(streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`, or
+`stream_interval` per chunk, or whole), a token's delay growing with the number of requests it
+serves at once (a batching engine's step), and usage with the prompt's length. Like vLLM without
+`--scheduling-policy priority`, it can refuse a non-zero `priority` with vLLM's 400.
 """
 
 from __future__ import annotations
@@ -87,10 +87,15 @@ class FakeOpenAI:
         task = asyncio.create_task(self._generate(body, queue.put_nowait))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         text = self.tokenizer.decode([self.token_id])
+        interval, num_held = body.get("stream_interval", 1), 0  # vLLM's: tokens per chunk
         while (i := await queue.get()) is not None:
             finish = "length" if i == body["max_tokens"] - 1 else None
-            logprobs = {"tokens": [f"token_id:{self.token_id}"], "token_logprobs": [-0.1]}
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            num_held += 1
+            if num_held < interval and finish is None:
+                continue
+            logprobs = {"tokens": [f"token_id:{self.token_id}"] * num_held, "token_logprobs": [-0.1] * num_held}
+            choice = {"index": 0, "text": text * num_held, "logprobs": logprobs, "finish_reason": finish}
+            num_held = 0
             yield f"data: {json.dumps({'choices': [choice]})}\n\n"
         yield f"data: {json.dumps({'choices': [], 'usage': self._usage(body)})}\n\n"
         yield "data: [DONE]\n\n"

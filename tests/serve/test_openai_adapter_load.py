@@ -13,12 +13,12 @@ from fake_openai import FakeOpenAI
 from live_server import serve_app
 
 from parrot.backends.openai_dialect import upstream_priority
-from parrot.backends.openai_engine import OpenAIEngineClient
+from parrot.backends.openai_engine import UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve import ManagerConfig, create_manager
+from parrot.serve import ManagerConfig, create_app, create_manager
 from parrot.serve.policy.capacity import calibrate_latency_cap
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -116,6 +116,62 @@ def test_an_upstream_that_refuses_priorities_gets_none_from_then_on(tiny_model_f
     with serve_app(fake.app()) as (url, _):
         asyncio.run(run_over_parrot(fake, url, send_priority=False))
     assert [len(fake.bodies), sum("priority" in b for b in fake.bodies)] == [5, 0]
+
+
+def test_outputs_nobody_streams_come_in_chunks_of_16_tokens(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder)
+
+    async def main(url: str, stream_last: bool) -> None:
+        client = OpenAIEngineClient(url, tokenizer_folder=fake.folder)
+        manager = create_manager([client])
+        await manager.start()
+        created = manager.create_session("k")
+        session = manager.session(created.session_id, created.token)
+        manager.submit(session, app_calls())
+        if stream_last:  # a reader streams the last call's output (before any call is dispatched)
+            chunks = await manager.stream_variable(session, "c4~t")
+            assert "".join([c async for c in chunks]) == " ok" * 4
+        assert (await manager.get_variable(session, "c4~t")).value == " ok" * 4
+        await manager.delete_session(session)
+        await manager.stop()
+        await client.aclose()
+
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(main(url, stream_last=False))
+        # Every output is read whole (by its consumer or a get): vLLM sends 16 tokens a chunk.
+        assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL] * 5
+        fake.bodies.clear()
+        asyncio.run(main(url, stream_last=True))
+        # The streamed output goes a token per chunk; the four before it as above.
+        assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL] * 4 + [None]
+    # Parrot's OpenAI route over the adapter: a request with `stream` is watched, one without is not.
+    fake.bodies.clear()
+    with serve_app(fake.app()) as (url, _):
+        manager = create_manager([OpenAIEngineClient(url, tokenizer_folder=fake.folder)])
+        with serve_app(create_app(manager)) as (parrot_url, _):
+            body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
+            with httpx.Client(base_url=parrot_url, headers={"Authorization": "Bearer k"}) as http:
+                assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == " ok" * 4
+                with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as resp:
+                    assert resp.status_code == 200
+                    assert " ok" in resp.read().decode()
+    assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL, None]
+    # An upstream spoken to in plain OpenAI gets no vLLM field.
+    fake.bodies.clear()
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(run_over_parrot(fake, url, ask_token_ids=False))
+    assert [len(fake.bodies), sum("stream_interval" in b for b in fake.bodies)] == [5, 0]
+
+
+def test_echo_with_logprobs_over_an_engine_that_cannot_score_is_a_400_naming_echo(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder)
+    with serve_app(fake.app()) as (url, _):
+        manager = create_manager([OpenAIEngineClient(url, tokenizer_folder=fake.folder)])
+        with serve_app(create_app(manager)) as (parrot_url, _):
+            body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "echo": True, "logprobs": 1}
+            resp = httpx.post(f"{parrot_url}/v1/completions", json=body, headers={"Authorization": "Bearer k"})
+    assert [resp.status_code, resp.json()["error"]["param"]] == [400, "echo"]
+    assert fake.bodies == []  # nothing was generated
 
 
 def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny_model_folder: Path) -> None:

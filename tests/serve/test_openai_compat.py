@@ -85,8 +85,8 @@ def test_unsupported_options_are_refused_by_name(server: LiveServer, client: ope
         client.completions.create(model="tiny", prompt="x", suffix="y")
     assert info.value.body["param"] == "suffix"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="tiny", prompt="x", echo=True, logprobs=2)
-    assert info.value.body["param"] == "echo"  # type: ignore[index]
+        client.completions.create(model="tiny", prompt="x", best_of=3)
+    assert info.value.body["param"] == "best_of"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=2)
     assert info.value.body["param"] == "top_logprobs"  # type: ignore[index]

@@ -121,6 +121,51 @@ def test_echo_prepends_the_prompt(server: LiveServer, client: openai.OpenAI) -> 
     assert "".join(c.choices[0].text for c in stream if c.choices) == prompt + expected
 
 
+def test_stream_interval_sends_that_many_tokens_per_chunk(server: LiveServer, client: openai.OpenAI) -> None:
+    tok = Tokenizer(server.engine.model_folder)
+    prompt = "The sky is"
+    expected = server.direct_generate(tok.encode(prompt), SamplingParams(max_tokens=10, ignore_eos=True))
+    kw = {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": True, "logprobs": 0}
+    extra = {"ignore_eos": True, "stream_interval": 4, "return_tokens_as_token_ids": True}
+    chunks = [c.choices[0] for c in client.completions.create(**kw, extra_body=extra) if c.choices]  # type: ignore[call-overload]
+    # vLLM's extension: 4 + 4 + the last 2 tokens (after the opening chunk, before the finish).
+    sizes = [len(c.logprobs.tokens) for c in chunks if c.logprobs is not None and c.logprobs.tokens]
+    assert sizes == [4, 4, 2]
+    assert "".join(c.text for c in chunks) == expected
+    with pytest.raises(openai.BadRequestError, match="stream_interval"):
+        client.completions.create(**kw, extra_body={"stream_interval": 0})  # type: ignore[call-overload]
+
+
+def test_echo_with_logprobs_scores_the_prompt(server: LiveServer, client: openai.OpenAI) -> None:
+    tok = Tokenizer(server.engine.model_folder)
+    extra = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+    kw = {"model": "tiny", "max_tokens": 4, "temperature": 0, "logprobs": 2, "extra_body": extra}
+    first = client.completions.create(prompt="The sky is", **kw)  # type: ignore[call-overload]
+    lp1 = first.choices[0].logprobs
+    assert lp1 is not None and lp1.tokens is not None and lp1.token_logprobs is not None
+    # The prompt and its greedy output, echoed: the output's tokens are scored as prompt tokens.
+    ids = tok.encode("The sky is") + [int(t.removeprefix("token_id:")) for t in lp1.tokens]
+    n = len(ids)
+    got = client.completions.create(prompt=ids, echo=True, **kw)  # type: ignore[call-overload]
+    lp = got.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    assert lp.tokens[:n] == [f"token_id:{t}" for t in ids]
+    assert len(lp.tokens) == n + 4
+    assert [lp.token_logprobs[0], lp.top_logprobs[0], lp.text_offset[0]] == [None, None, 0]
+    assert lp.token_logprobs[n - 4 : n] == pytest.approx(lp1.token_logprobs, abs=1e-4)
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+        assert top[token] == logprob and 1 <= len(top) <= 3
+    assert lp.text_offset[n] == len(tok.decode(ids))
+    assert got.choices[0].text.startswith(tok.decode(ids))
+    assert got.usage is not None and got.usage.prompt_tokens == n
+    stream = client.completions.create(prompt=ids, echo=True, stream=True, **kw)  # type: ignore[call-overload]
+    parts = [c.choices[0] for c in stream if c.choices]
+    assert "".join(p.text for p in parts) == got.choices[0].text
+    assert [t for p in parts if p.logprobs for t in p.logprobs.tokens or []] == lp.tokens
+    assert [x for p in parts if p.logprobs for x in p.logprobs.token_logprobs or []] == lp.token_logprobs
+
+
 def test_penalties_and_logit_bias_match_the_engine(server: LiveServer, client: openai.OpenAI) -> None:
     tok = Tokenizer(server.engine.model_folder)
     prompt = "Once upon a time there was"

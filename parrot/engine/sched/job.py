@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parrot.engine.sampler import SampleRow
-from parrot.protocol.engine_api import FillResult, TokenEvent
+from parrot.protocol.engine_api import FillResult, TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.protocol.sampling import SamplingParams
@@ -53,13 +53,19 @@ class Job:
     # index in the context's tokens of its first filled token.
     scores: list[float] | None = None
     score_from: int = 0
+    score_tops: list[list[TopLogprob] | None] | None = None  # with FillRequest.top_logprobs: alternatives
+    num_score_top: int = 0
     finished: bool = False
 
     def fill_result(self, context_id: str, num_tokens: int) -> FillResult:
         """What a fill that ended reports (a scoring fill: its tokens' logprobs, None where unknown)."""
         scored = None if self.scores is None else [None if math.isnan(x) else x for x in self.scores]
         return FillResult(
-            context_id=context_id, num_tokens=num_tokens, num_filled_tokens=self.num_filled, token_logprobs=scored
+            context_id=context_id,
+            num_tokens=num_tokens,
+            num_filled_tokens=self.num_filled,
+            token_logprobs=scored,
+            top_logprobs=self.score_tops,
         )
 
     def emit(self, event: JobEvent) -> None:

@@ -82,6 +82,8 @@ class CallRun:
     # included (output_token_ids are the context's: neither is there): what the OpenAI routes report.
     # With the sampling's `top_logprobs`, each token's alternatives too.
     output_tokens: dict[str, list[StreamedToken]] = field(default_factory=dict)
+    # With the first output's `prompt_logprobs`: every prompt token, its logprob and alternatives.
+    prompt_tokens: list[StreamedToken] | None = None
     # The executor's bookkeeping.
     runner: CallRunner | None = None  # from its first placement until retired (context freed)
     task: asyncio.Task[None] | None = None  # the latest of its tasks (they run one after another)

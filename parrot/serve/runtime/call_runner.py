@@ -46,6 +46,7 @@ from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, p
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
+from parrot.serve.runtime.scoring import score_options, score_prompt, scored_tokens
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class RunRecord(Protocol):
     finish_reasons: dict[str, str]
     output_token_ids: dict[str, list[int]]
     output_tokens: dict[str, list[StreamedToken]]
+    prompt_tokens: list[StreamedToken] | None
 
     @property
     def engine_priority(self) -> int: ...
@@ -194,6 +196,24 @@ class CallRunner:
 
         await self._fill(req, filled)
 
+    async def _fill_scored(self, stop: int, top: int) -> None:
+        """The prompt up to the first output as one scoring fill of a context of its own (every
+        token computed, so each gets its logprob: no cached prefix, nothing filled early kept)."""
+        if self.has_context:
+            await free_context(self.engine.client, self.context_id)
+            self.has_context, self.prompt_ids, self.record.num_prompt_tokens = False, [], 0
+        self._drop_lease()
+        token_ids = render_prompt(self.call, self.variables, self.engine.tokenizer, stop).token_ids
+        if not token_ids:
+            return
+        self.has_context = True
+        objective, priority = self.record.objective, self.record.engine_priority
+        self.record.prompt_tokens = await score_prompt(
+            self.engine.client, self.context_id, token_ids, top, objective, priority
+        )
+        self.record.num_prompt_tokens += len(token_ids)
+        self.prompt_ids, self.num_filled_pieces = token_ids, stop
+
     async def _fill_tokens(self, token_ids: list[int], then: Callable[[], None] | None = None) -> None:
         if not token_ids:
             if then is not None:
@@ -239,7 +259,9 @@ class CallRunner:
         check_prompt_len(self.call, self.variables, self.engine.tokenizer, self.engine.max_model_len, field="prompt")
         tokenizer = self.engine.tokenizer
         for i, (start, stop, name) in enumerate(stages(self.call.template)):
-            if i == 0:
+            if i == 0 and (top := self.call.sampling[name].prompt_logprobs) is not None:
+                await self._fill_scored(stop, top)
+            elif i == 0:
                 await self.fill_to(stop)
             else:  # the text after an output, tokenized on its own (render.py)
                 await self._fill_tokens(segment_token_ids(self.call, self.variables, tokenizer, start, stop))
@@ -260,40 +282,19 @@ class CallRunner:
         choices = self.call.sampling[name].choices or []
         await self._flush()  # the prompt is in the context: the forks read it
         token_ids = self.engine.tokenizer.encode_batch(choices)
-        forks = [f"{self.context_id}.choice{i}" for i in range(len(choices))]
-        fills = [
-            FillRequest(
-                context_id=fork,
-                parent_context_id=self.context_id,
-                token_ids=ids,
-                score=True,
-                objective=self.record.objective,
-                priority=self.record.engine_priority,
-            )
-            for fork, ids in zip(forks, token_ids, strict=True)
-        ]
-        try:
-            results = await asyncio.gather(*(self.engine.client.fill(f) for f in fills))
-        except ParrotError as e:
-            if e.field == "score":
-                return False
-            raise
-        finally:
-            await asyncio.gather(*(free_context(self.engine.client, fork) for fork in forks))
+        objective, priority = self.record.objective, self.record.engine_priority
+        results = await score_options(self.engine.client, self.context_id, token_ids, objective, priority)
+        if results is None:
+            return False
         scores = [sum(x or 0.0 for x in r.token_logprobs or ()) for r in results]
         best = max(range(len(choices)), key=lambda i: (scores[i], -i))
         chosen = token_ids[best]
         req = FillRequest(
-            context_id=self.context_id,
-            token_ids=chosen,
-            append=True,
-            objective=self.record.objective,
-            priority=self.record.engine_priority,
+            context_id=self.context_id, token_ids=chosen, append=True, objective=objective, priority=priority
         )
         await self._fill(req, lambda _: None)  # the chosen tokens follow the prompt, as generated ones would
         self.record.output_token_ids[name] = list(chosen)
-        logprobs = results[best].token_logprobs or [None] * len(chosen)
-        self.record.output_tokens[name] = [(t, lp, None) for t, lp in zip(chosen, logprobs, strict=True)]
+        self.record.output_tokens[name] = scored_tokens(chosen, results[best])
         var.scores = dict(zip(choices, scores, strict=True))
         var.append(choices[best])
         self._set_output(name, var, "stop")
@@ -321,6 +322,7 @@ class CallRunner:
                 append=fill.append if fill is not None else False,
                 objective=self.record.objective,
                 priority=self.record.engine_priority,
+                watched=var.watched,
             )
         )
         finish_reason: str | None = None

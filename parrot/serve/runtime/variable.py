@@ -28,6 +28,7 @@ class Variable:
         "scores",
         "value",
         "var_id",
+        "watched",
     )
 
     def __init__(self, var_id: str, name: str | None = None) -> None:
@@ -41,6 +42,9 @@ class Variable:
         self.scores: dict[str, float] | None = None  # a scored select's log-probability per choice
         # The strongest criteria a `get` asked for; objective deduction (deduction.py) reads it.
         self.criteria: Criteria | None = None
+        # Someone reads (or said they will read) the text as it is generated: a stream reader, an
+        # OpenAI request with `stream`. A generation dispatched unwatched may deliver tokens in batches.
+        self.watched = False
         self._changed = asyncio.Event()
 
     @property
@@ -103,6 +107,7 @@ class Variable:
 
         `joined`: the chunks that arrived since the last yield come as one (a reader that pairs
         the text with the producer's state at that moment, e.g. its tokens so far)."""
+        self.watched = True
         num_sent_chunks = 0
         while True:
             changed = self._changed

@@ -64,6 +64,7 @@ class OneCall:
         ids of its leading chat messages."""
         self.manager = manager
         self.rename = rename
+        self.stream_interval = 1  # tokens per streamed chunk, at least (vLLM's `stream_interval`)
         self.model = model
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -133,15 +134,25 @@ class OneCall:
         finally:
             await self.manager.delete_session(self.session, "closed")
 
-    async def chunks(self, joined: bool) -> AsyncIterator[tuple[Choice, str | None]]:
+    async def chunks(self, joined: bool, interval: int = 1) -> AsyncIterator[tuple[Choice, str | None]]:
         """(choice, new text) as any choice streams, then (choice, None) once it ends; raises
-        ParrotError when one fails. `joined`: chunks of one choice that queued up come as one."""
+        ParrotError when one fails. `joined`: chunks of one choice that queued up come as one.
+        `interval` (vLLM's `stream_interval`): a choice's text waits for that many new tokens."""
         queue: asyncio.Queue[tuple[Choice, str | None, ParrotError | None]] = asyncio.Queue()
 
         async def pump(choice: Choice) -> None:
+            held: list[str] = []
+            num_sent = 0  # the choice's tokens when its text was last sent
             try:
                 async for text in choice.var.stream(joined=joined):
-                    await queue.put((choice, text, None))
+                    held.append(text)
+                    num_tokens = len(choice.record.output_tokens.get(OUTPUT, ()))
+                    if num_tokens - num_sent >= interval:
+                        num_sent = num_tokens
+                        await queue.put((choice, "".join(held), None))
+                        held.clear()
+                if held:
+                    await queue.put((choice, "".join(held), None))
                 await queue.put((choice, None, None))
             except ParrotError as e:
                 await queue.put((choice, None, self.rename(e)))

@@ -113,6 +113,8 @@ def request_field(error: ParrotError, constraint_field: str | None) -> ParrotErr
     name = field.removeprefix("sampling.")
     if name in ("json_schema", "regex", "choices") and constraint_field is not None:
         name = constraint_field
+    if name == "prompt_logprobs":  # asked for by `echo` with `logprobs`
+        name = "echo"
     message = error.message.split(" failed: ", 1)[-1]  # "call c0 failed: ..." -> the engine's words
     return ParrotError(message, status=error.status, field=name)
 

@@ -3,7 +3,8 @@ sampled token and up to k alternatives) or the chat shape (`logprobs.content`, `
 
 Read from the call's run record (`output_tokens`: every streamed token with its logprob and
 alternatives); `take()` returns the tokens since the previous take, so a stream reports each token
-once (the text offsets run on from one take to the next).
+once (the text offsets run on from one take to the next). With `echo` and `logprobs`, `take_prompt()`
+comes first: the prompt's tokens as the call's scoring fill computed them (`prompt_tokens`).
 """
 
 from __future__ import annotations
@@ -43,9 +44,17 @@ class TokenReport:
         self.num_taken += len(tokens)
         return tokens
 
+    def take_prompt(self) -> CompletionLogProbs:
+        """The prompt's tokens (an `echo` with `logprobs`: the call's `prompt_logprobs`), the first
+        without a logprob (nothing precedes it); its text offsets start at 0, the output's follow."""
+        return self._report(self.record.prompt_tokens or [])
+
     def take(self, final: bool = False) -> CompletionLogProbs:
+        return self._report(self._new_tokens(final))
+
+    def _report(self, tokens: list) -> CompletionLogProbs:  # type: ignore[type-arg]
         report = CompletionLogProbs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
-        for token_id, logprob, top in self._new_tokens(final):
+        for token_id, logprob, top in tokens:
             token, text = self._token(token_id)
             report.text_offset.append(self.text_offset)
             report.token_logprobs.append(logprob)

@@ -38,6 +38,7 @@ from parrot.protocol.openai_api import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionLogProbs,
     CompletionRequest,
     FunctionCall,
     ModelCard,
@@ -97,7 +98,11 @@ def new_call(
     ]
     prompt_field = "prompt" if isinstance(req, CompletionRequest) else "messages"
     rename = lambda e: request_field(e, field)  # noqa: E731
-    return OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field, prompt_ids)
+    run = OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field, prompt_ids)
+    for choice in run.choices:  # before any await, so before the calls are dispatched
+        choice.var.watched = bool(req.stream)
+    run.stream_interval = req.stream_interval or 1
+    return run
 
 
 @router.post("/completions", response_model=Completion)
@@ -108,15 +113,16 @@ async def completions(
         raise ParrotError("suffix is not supported", field="suffix")
     if req.best_of not in (None, req.n or 1):
         raise ParrotError("best_of must equal n (choices are not ranked server-side)", field="best_of")
-    if req.echo and req.logprobs is not None:
-        raise ParrotError("echo with logprobs is not supported: the prompt's logprobs are not computed", field="echo")
     prompt = _one_prompt(req.prompt)
     prompt_ids = None
     if isinstance(prompt, str) and _OFFLOAD_CHARS < len(prompt) <= MAX_TEMPLATE_CHARS:  # off the event loop
         tokenizer = manager.pool.for_model(manager.pool.resolve_model(req.model)).tokenizer
         prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
     top = req.logprobs or 0
-    run = new_call(manager, api_key, req, prompt, req.max_tokens or 16, top, constraint(req), None, prompt_ids)
+    extra, field = constraint(req)
+    if req.echo and req.logprobs is not None:  # the prompt's logprobs too: one scoring fill of it
+        extra = {**extra, "prompt_logprobs": req.logprobs}
+    run = new_call(manager, api_key, req, prompt, req.max_tokens or 16, top, (extra, field), None, prompt_ids)
     reports = None
     if req.logprobs is not None:
         reports = [TokenReport(c.record, OUTPUT, run.tokenizer, req.return_tokens_as_token_ids) for c in run.choices]
@@ -130,11 +136,26 @@ async def completions(
             index=c.index,
             text=echo + text,
             finish_reason=c.finish_reason(),
-            logprobs=reports[c.index].take(final=True) if reports else None,
+            logprobs=_echoed(reports[c.index], bool(echo)) if reports else None,
         )
         for c, text in zip(run.choices, texts, strict=True)
     ]
     return Completion(id=run.id, created=run.created, model=req.model, choices=choices, usage=run.usage())
+
+
+def _echoed(report: TokenReport, echo: bool) -> CompletionLogProbs:
+    """A whole choice's logprobs: the echoed prompt's tokens first, when it is echoed (the text
+    offsets run on from the prompt's into the output's)."""
+    if not echo:
+        return report.take(final=True)
+    prompt = report.take_prompt()
+    output = report.take(final=True)
+    return CompletionLogProbs(
+        text_offset=prompt.text_offset + output.text_offset,
+        token_logprobs=prompt.token_logprobs + output.token_logprobs,
+        tokens=prompt.tokens + output.tokens,
+        top_logprobs=prompt.top_logprobs + output.top_logprobs,
+    )
 
 
 async def _completion_stream(
@@ -143,9 +164,17 @@ async def _completion_stream(
     def chunk(choices: list[CompletionChoice], usage: Any = None) -> Completion:
         return Completion(id=run.id, created=run.created, model=run.model, choices=choices, usage=usage)
 
-    yield chunk([CompletionChoice(index=c.index, text=echo, finish_reason=None) for c in run.choices])
-    async for choice, text in run.chunks(joined=reports is not None):
+    scored_echo = bool(echo and reports)  # the echoed prompt comes with its logprobs, once computed
+    if not scored_echo:
+        yield chunk([CompletionChoice(index=c.index, text=echo, finish_reason=None) for c in run.choices])
+    echoed: set[int] = set()
+    async for choice, text in run.chunks(reports is not None, run.stream_interval):
         report = reports[choice.index] if reports else None
+        if scored_echo and report is not None and choice.index not in echoed:
+            echoed.add(choice.index)
+            yield chunk(
+                [CompletionChoice(index=choice.index, text=echo, finish_reason=None, logprobs=report.take_prompt())]
+            )
         finish = None if text is not None else choice.finish_reason()
         # The last take holds tokens without text of their own (an ending EOS).
         logprobs = report.take(final=text is None) if report else None
@@ -241,7 +270,7 @@ async def _chat_stream(
     # With tools, each choice's text so far and how much of it went out as content: a forced call
     # streams nothing until it ends; otherwise content streams up to a tool-call tag.
     held, sent = [""] * len(run.choices), [0] * len(run.choices)
-    async for choice, text in run.chunks(joined=reports is not None):
+    async for choice, text in run.chunks(reports is not None, run.stream_interval):
         i = choice.index
         report = reports[i] if reports else None
         logprobs = report.take_chat(final=text is None) if report else None
