@@ -9,9 +9,9 @@ import asyncio
 from pathlib import Path
 
 import httpx
-from fake_openai import FakeOpenAI
 from live_server import serve_app
 
+from benchmarks.peers.fake_openai import FakeOpenAI
 from parrot.backends.openai_dialect import upstream_priority
 from parrot.backends.openai_engine import UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
 from parrot.protocol.engine_api import FillRequest, GenerateRequest

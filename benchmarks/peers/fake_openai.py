@@ -1,4 +1,5 @@
-"""A fake OpenAI-compatible completion server (vLLM's dialect), for tests of the engine adapter.
+"""A fake OpenAI-compatible completion server (vLLM's dialect), for tests of the engine adapter
+and for `benchmarks.manager_path` (`python -m benchmarks.peers.fake_openai --port N`).
 
 It records every `/v1/completions` body, and answers each with `max_tokens` copies of one token
 (streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`, or
@@ -99,3 +100,23 @@ class FakeOpenAI:
             yield f"data: {json.dumps({'choices': [choice]})}\n\n"
         yield f"data: {json.dumps({'choices': [], 'usage': self._usage(body)})}\n\n"
         yield "data: [DONE]\n\n"
+
+
+def main() -> None:
+    """Serve a fake upstream on 127.0.0.1 (`benchmarks.manager_path` runs one in a process of its own)."""
+    import argparse
+
+    import uvicorn
+
+    from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--step-ms", type=float, default=20.0, help="a token's delay")
+    args = parser.parse_args()
+    fake = FakeOpenAI(resolve_model_folder(DEFAULT_MODEL), step_ms=args.step_ms)
+    uvicorn.run(fake.app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
