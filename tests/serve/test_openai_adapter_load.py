@@ -6,6 +6,8 @@ learned from the time per output token, from which the manager calibrates its la
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -43,9 +45,12 @@ def app_calls() -> SubmitRequest:
     )
 
 
-async def run_over_parrot(fake: FakeOpenAI, url: str, **adapter: bool) -> tuple[OpenAIEngineClient, list[object]]:
+async def run_over_parrot(
+    fake: FakeOpenAI, url: str, *, stream_last: bool = False, **adapter: bool
+) -> tuple[OpenAIEngineClient, list[object]]:
     """The app on a manager whose one engine is the adapter over `url`: a person awaits the last
-    output. Returns the adapter and each call's (objective, priority) as the manager deduced them."""
+    output (`stream_last`: streams it, from before any call is dispatched). Returns the adapter and
+    each call's (objective, priority) as the manager deduced them."""
     client = OpenAIEngineClient(url, tokenizer_folder=fake.folder, **adapter)
     manager = create_manager([client])
     await manager.start()
@@ -53,11 +58,23 @@ async def run_over_parrot(fake: FakeOpenAI, url: str, **adapter: bool) -> tuple[
     session = manager.session(created.session_id, created.token)
     manager.submit(session, app_calls())
     manager.note_criteria(session, session.graph.variables["c4~t"], Criteria.LATENCY)
+    if stream_last:
+        chunks = await manager.stream_variable(session, "c4~t")
+        assert "".join([c async for c in chunks]) == " ok" * 4
     assert (await manager.get_variable(session, "c4~t")).value == " ok" * 4
     deduced = [[session.runs[f"c{i}"].objective, session.runs[f"c{i}"].priority] for i in range(5)]
     await manager.delete_session(session)
     await manager.stop()
     return client, deduced
+
+
+@contextmanager
+def openai_routes_over(fake: FakeOpenAI) -> Iterator[str]:
+    """Parrot's HTTP app (its OpenAI routes) over a manager whose engine is the adapter over `fake`."""
+    with serve_app(fake.app()) as (url, _):
+        manager = create_manager([OpenAIEngineClient(url, tokenizer_folder=fake.folder)])
+        with serve_app(create_app(manager)) as (parrot_url, _):
+            yield parrot_url
 
 
 async def run_as_plain_requests(url: str) -> None:
@@ -120,41 +137,23 @@ def test_an_upstream_that_refuses_priorities_gets_none_from_then_on(tiny_model_f
 
 def test_outputs_nobody_streams_come_in_chunks_of_16_tokens(tiny_model_folder: Path) -> None:
     fake = FakeOpenAI(tiny_model_folder)
-
-    async def main(url: str, stream_last: bool) -> None:
-        client = OpenAIEngineClient(url, tokenizer_folder=fake.folder)
-        manager = create_manager([client])
-        await manager.start()
-        created = manager.create_session("k")
-        session = manager.session(created.session_id, created.token)
-        manager.submit(session, app_calls())
-        if stream_last:  # a reader streams the last call's output (before any call is dispatched)
-            chunks = await manager.stream_variable(session, "c4~t")
-            assert "".join([c async for c in chunks]) == " ok" * 4
-        assert (await manager.get_variable(session, "c4~t")).value == " ok" * 4
-        await manager.delete_session(session)
-        await manager.stop()
-        await client.aclose()
-
     with serve_app(fake.app()) as (url, _):
-        asyncio.run(main(url, stream_last=False))
+        asyncio.run(run_over_parrot(fake, url))
         # Every output is read whole (by its consumer or a get): vLLM sends 16 tokens a chunk.
         assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL] * 5
         fake.bodies.clear()
-        asyncio.run(main(url, stream_last=True))
+        asyncio.run(run_over_parrot(fake, url, stream_last=True))
         # The streamed output goes a token per chunk; the four before it as above.
         assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL] * 4 + [None]
     # Parrot's OpenAI route over the adapter: a request with `stream` is watched, one without is not.
     fake.bodies.clear()
-    with serve_app(fake.app()) as (url, _):
-        manager = create_manager([OpenAIEngineClient(url, tokenizer_folder=fake.folder)])
-        with serve_app(create_app(manager)) as (parrot_url, _):
-            body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
-            with httpx.Client(base_url=parrot_url, headers={"Authorization": "Bearer k"}) as http:
-                assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == " ok" * 4
-                with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as resp:
-                    assert resp.status_code == 200
-                    assert " ok" in resp.read().decode()
+    with openai_routes_over(fake) as parrot_url:
+        body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
+        with httpx.Client(base_url=parrot_url, headers={"Authorization": "Bearer k"}) as http:
+            assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == " ok" * 4
+            with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as resp:
+                assert resp.status_code == 200
+                assert " ok" in resp.read().decode()
     assert [b.get("stream_interval") for b in fake.bodies] == [UNWATCHED_STREAM_INTERVAL, None]
     # An upstream spoken to in plain OpenAI gets no vLLM field.
     fake.bodies.clear()
@@ -165,11 +164,9 @@ def test_outputs_nobody_streams_come_in_chunks_of_16_tokens(tiny_model_folder: P
 
 def test_echo_with_logprobs_over_an_engine_that_cannot_score_is_a_400_naming_echo(tiny_model_folder: Path) -> None:
     fake = FakeOpenAI(tiny_model_folder)
-    with serve_app(fake.app()) as (url, _):
-        manager = create_manager([OpenAIEngineClient(url, tokenizer_folder=fake.folder)])
-        with serve_app(create_app(manager)) as (parrot_url, _):
-            body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "echo": True, "logprobs": 1}
-            resp = httpx.post(f"{parrot_url}/v1/completions", json=body, headers={"Authorization": "Bearer k"})
+    with openai_routes_over(fake) as parrot_url:
+        body = {"model": "fake", "prompt": "Hi", "max_tokens": 4, "echo": True, "logprobs": 1}
+        resp = httpx.post(f"{parrot_url}/v1/completions", json=body, headers={"Authorization": "Bearer k"})
     assert [resp.status_code, resp.json()["error"]["param"]] == [400, "echo"]
     assert fake.bodies == []  # nothing was generated
 

@@ -21,17 +21,7 @@ async def score_options(
     """Each option's tokens as a scoring fork of `context_id`, all sent at once (one engine step
     for all); their results, or None when the engine cannot score. The forks are freed either way."""
     forks = [f"{context_id}.choice{i}" for i in range(len(options))]
-    fills = [
-        FillRequest(
-            context_id=fork,
-            parent_context_id=context_id,
-            token_ids=ids,
-            score=True,
-            objective=objective,
-            priority=priority,
-        )
-        for fork, ids in zip(forks, options, strict=True)
-    ]
+    fills = [_scoring(fork, ids, objective, priority, context_id) for fork, ids in zip(forks, options, strict=True)]
     try:
         results = await asyncio.gather(*(client.fill(f) for f in fills))
     except ParrotError as e:
@@ -55,18 +45,25 @@ async def score_prompt(
 ) -> list[ScoredToken]:
     """`token_ids` as one scoring fill creating `context_id`: each token with its logprob and `top`
     alternatives. An engine that cannot score: ParrotError (400) naming `sampling.prompt_logprobs`."""
-    req = FillRequest(
-        context_id=context_id,
-        token_ids=token_ids,
-        objective=objective,
-        priority=priority,
-        score=True,
-        top_logprobs=top,
-    )
     try:
-        result = await client.fill(req)
+        result = await client.fill(_scoring(context_id, token_ids, objective, priority, top=top))
     except ParrotError as e:
         if e.field != "score":
             raise
         raise ParrotError(f"prompt_logprobs: {e.message}", field="sampling.prompt_logprobs") from None
     return scored_tokens(token_ids, result)
+
+
+def _scoring(
+    context_id: str, token_ids: list[int], objective: Objective, priority: int, parent: str | None = None, top: int = 0
+) -> FillRequest:
+    """A scoring fill of `token_ids` into `context_id` (a fork of `parent`, if given)."""
+    return FillRequest(
+        context_id=context_id,
+        token_ids=token_ids,
+        parent_context_id=parent,
+        objective=objective,
+        priority=priority,
+        score=True,
+        top_logprobs=top,
+    )
