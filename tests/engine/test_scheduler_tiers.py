@@ -67,3 +67,17 @@ def test_a_long_lower_tier_step_is_interrupted_only_by_a_better_tier(
 def test_config_rejects_a_non_positive_outranked_share() -> None:
     with pytest.raises(ValueError, match="outranked_chunk_tokens"):
         EngineConfig(outranked_chunk_tokens=0)
+
+
+def test_latency_and_throughput_work_of_one_priority_share_a_tier() -> None:
+    # A chat beside a map stage a person awaits (both priority 1): the maps' prompts fill the step
+    # (prefill-sized while the latency work only prefills: 512 tokens), not the outranked share.
+    h = Harness(outranked_chunk_tokens=4, latency_max_batched_tokens=128)
+    h.job(JobKind.FILL, "chat", objective=LAT, tokens=10, priority=1)
+    h.job(JobKind.FILL, "maps", objective=Objective.THROUGHPUT, tokens=3000, priority=1)
+    assert h.step() == {"chat": 9, "maps": 503}
+    # Nobody awaits the maps (priority 0): a lower tier, 4 prompt tokens a step in all.
+    h = Harness(outranked_chunk_tokens=4, latency_max_batched_tokens=128)
+    h.job(JobKind.FILL, "chat", objective=LAT, tokens=10, priority=1)
+    h.job(JobKind.FILL, "maps", objective=Objective.THROUGHPUT, tokens=3000, priority=0)
+    assert h.step() == {"chat": 9, "maps": 4}

@@ -1,8 +1,9 @@
 """Ordering policies: which jobs a step serves first. A registry maps config names to strategies.
 
 A policy returns a sort key; smaller keys are served first and preempted last. A key ends with
-the job's arrival and id; what comes before them is the job's *tier* (`tier`): the scheduler keeps
-a job's decode fast against the prompts of jobs in lower tiers (EngineConfig.outranked_chunk_tokens).
+the job's arrival and id; the priority fields before them (after the priority policy's leading
+latency flag) are the job's *tier* (`tier`): the scheduler keeps a job's decode fast against the
+prompts of jobs in lower tiers (EngineConfig.outranked_chunk_tokens).
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ def make_priority(aging_s: float) -> OrderKey:
 
 
 def tier(key: tuple) -> tuple:
-    """The tier part of an order key: all but its last two fields (arrival, job id)."""
-    return key[:-2]
+    """The tier part of an order key: its priority, the fields between the first (the priority
+    policy's latency-or-aged flag) and the last two (arrival, job id). Latency-critical and
+    throughput work of one priority share a tier: the latency cap bounds their steps, and a
+    throughput stage a person awaits (a map-reduce beside a chat) is batched, not starved; a
+    higher priority (an awaited call over one nobody awaits, a tenant under its fair share) ranks
+    above and keeps its decode fast against lower tiers' prompts."""
+    return key[1:-2]
 
 
 def get_policy(name: str, aging_s: float) -> OrderKey:

@@ -138,10 +138,9 @@ class Scheduler:
         return plan
 
     def _top_tier(self, now: float) -> tuple | None:
-        """The best tier among running jobs and ready waiting ones (both sorted), or None."""
-        best = [self.running[0]] if self.running else []
-        best += next(([j] for j in self.waiting if self._ready(j)), [])
-        return min((tier(self.order_key(j, now)) for j in best), default=None)
+        """The best tier among running jobs and ready waiting ones, or None."""
+        jobs = itertools.chain(self.running, (j for j in self.waiting if self._ready(j)))
+        return min((tier(self.order_key(j, now)) for j in jobs), default=None)
 
     def _serve(self, jobs: list[Job], plan: StepPlan, budget: _Budget, protected: set[str], now: float) -> None:
         """Give running `jobs` their tokens of the step, in order."""
