@@ -147,7 +147,7 @@ class OneCall:
                 async for text in choice.var.stream(joined=joined):
                     held.append(text)
                     num_tokens = len(choice.record.output_tokens.get(OUTPUT, ()))
-                    if num_tokens - num_sent >= interval:
+                    if interval <= 1 or num_tokens - num_sent >= interval:
                         num_sent = num_tokens
                         await queue.put((choice, "".join(held), None))
                         held.clear()
