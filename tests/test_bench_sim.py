@@ -1,11 +1,16 @@
-"""The simulator suite's comparison arithmetic: ratios against the paper's ranges."""
+"""The simulator suite: its comparison arithmetic (ratios against the paper's ranges) and its apps
+run end to end by both kinds of client."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.netsim import RttModel
+from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref, run_app
 from benchmarks.sim.suite import Comparison
 from benchmarks.sim_paper import difference, ratio_of
+from parrot.sim.loop import run_virtual
+from parrot.sim.profiles import setup
 
 
 def test_difference_is_zero_inside_the_range_and_relative_to_the_nearest_bound() -> None:
@@ -26,3 +31,20 @@ def test_sustainable_rate_ratio() -> None:
              ("g/4", "c"): {"norm_latency_ms": 120.0}, ("g/16", "c"): {"norm_latency_ms": 300.0}}  # fmt: skip
     # Parrot keeps <= 100 ms/token up to 4 req/s, the baseline up to 1 req/s.
     assert ratio_of(c, table) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("config", ["a", "parrot"])
+def test_a_two_call_chain_runs_on_the_simulated_cpu(config: str) -> None:
+    # Both client kinds over the simulator: request by request (a) and the whole DAG (Parrot).
+    calls = [
+        Call(("Summarize: ", Input("alpha beta gamma"), "\nSummary:"), "s", 4),
+        Call(("Refine: ", Ref("s"), "\nBetter:"), "t", 4),
+    ]
+
+    async def main() -> AppResult:
+        async with Cluster(setup("cpu-smollm2"), CONFIGS[config]) as cluster:
+            return await run_app(cluster, calls, ["t"], RttModel((10.0,)).sampler("t"))
+
+    result = run_virtual(main())
+    assert result.values == {"t": " the" * 4}
+    assert result.latency_s > 0.01  # a round trip of 10 ms at least, in virtual time

@@ -201,7 +201,7 @@ async def run_requests(manager: Manager, calls: list[Call], finals: list[str], r
         # prefix_block_tokens tokens when the manager shares prefixes), latency-critical.
         template = ParsedTemplate((TextPiece(text), Placeholder("out", PlaceholderKind.OUTPUT)), (), ("out",))
         spec = CallSpec(template=text, sampling=_sampling(call))
-        node = manager.submit_parsed(session, spec, template)
+        (node,) = manager.submit_parsed(session, [spec], template)
         value = await manager.get_variable(session, node.outputs["out"], Criteria.LATENCY, timeout_s=10**7)
         await manager.delete_session(session)
         await asyncio.sleep(half)
