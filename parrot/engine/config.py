@@ -33,7 +33,8 @@ class EngineConfig:
     # Every kernel reduces in an order fixed per row, so a sequence's logits do not depend on its
     # batch, its prefill chunking or a forked prefix. None: on where the native kernels run the
     # model and its attention (bf16 on AVX512-BF16; there it costs nothing), off elsewhere (its torch
-    # fallbacks run one row at a time: slow; float32 was invariant in every run measured anyway).
+    # fallbacks run one row at a time: slow; float32 is nearly invariant without it: a scoring fork
+    # batched with another request's forks came out 1e-7 relative apart).
     batch_invariant: bool | None = None
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     name: str | None = None  # model name reported to clients; default: derived from `model`

@@ -44,7 +44,11 @@ class SessionCore:
         self._queue: list[tuple[VariableSpec | CallSpec, list[SemanticVariable]]] = []
         self._num_queued = 0
         self._num_sent = 0
+        self._num_taken = 0  # operations the flusher has taken from the queue (sent or on their way)
         self._kick_pending = False
+        # Queued variables a reader waits for, with its criteria: they go with their batch
+        # (SubmitRequest.awaited), so the server deduces objectives with them before dispatching.
+        self._awaited: dict[str, Criteria] = {}
         self._sent = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._natives: set[asyncio.Future[None]] = set()
@@ -121,12 +125,17 @@ class SessionCore:
             with self._lock:
                 batch = self._queue[: self.batch_size]
                 del self._queue[: len(batch)]
+                self._num_taken += len(batch)
+                in_batch = {v.var_id for _, vars_ in batch for v in vars_}
+                awaited = {v: c for v, c in self._awaited.items() if v in in_batch}
+                self._awaited = {v: c for v, c in self._awaited.items() if v not in in_batch}
             if not batch:
                 return
             variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
             calls = [op for op, _ in batch if isinstance(op, CallSpec)]
             try:
-                submitted = await self.transport.submit(SubmitRequest(variables=variables, calls=calls))
+                req = SubmitRequest(variables=variables, calls=calls, awaited=awaited)
+                submitted = await self.transport.submit(req)
                 outputs = [vars_ for op, vars_ in batch if isinstance(op, CallSpec)]
                 for info, vars_ in zip(submitted.calls, outputs, strict=True):
                     for var in vars_:
@@ -151,6 +160,12 @@ class SessionCore:
             self._ensure_flusher()
             await self._sent.wait()
 
+    def _await_soon(self, var: SemanticVariable, criteria: Criteria) -> None:
+        """A reader will wait for `var`: if its batch is still queued, the batch says so."""
+        with self._lock:  # still queued: not taken by the flusher (a batch taken may be on its way)
+            if self._num_taken < var._seq and self._awaited.get(var.var_id) is not Criteria.LATENCY:
+                self._awaited[var.var_id] = criteria  # latency wins, as on the server
+
     async def flush(self) -> None:
         await self.flushed(self._num_queued)
 
@@ -159,6 +174,7 @@ class SessionCore:
     async def get(self, var: SemanticVariable, criteria: Criteria, timeout: float | None) -> str:
         if var._value is not None:
             return var._value
+        self._await_soon(var, criteria)
         await self.flushed(var._seq)
         if var._error is not None:
             raise var._error
@@ -179,6 +195,7 @@ class SessionCore:
         if var._value is not None:
             yield var._value
             return
+        self._await_soon(var, criteria)
         await self.flushed(var._seq)
         if var._error is not None:
             raise var._error

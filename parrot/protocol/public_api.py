@@ -11,7 +11,7 @@ and returns a session token; every other session route carries that token the sa
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -292,6 +292,12 @@ class SubmitRequest(_Req):
 
     variables: list[VariableSpec] = Field(default_factory=list, max_length=MAX_BATCH_VARIABLES)
     calls: list[CallSpec] = Field(default_factory=list, max_length=MAX_BATCH_CALLS)
+    # Variables the client is about to get, with the criteria of that get: objectives are deduced
+    # with them before any call of the batch is dispatched (a get sent after the submit may arrive
+    # after the dispatch, and an engine request keeps the priority it was sent with).
+    awaited: dict[str, Annotated[Criteria, Field(strict=False)]] = Field(
+        default_factory=dict, max_length=MAX_BATCH_VARIABLES
+    )
 
 
 class SubmitResponse(_Msg):

@@ -6,8 +6,7 @@ that changes state first checks the whole request and raises ParrotError naming 
 bad request changes nothing.
 
 Construct with `create_manager(engines, tokenizer_folder, config)`, then `await manager.start()`
-(create_app's lifespan does this) and `await manager.stop()` at the end.
-"""
+(create_app's lifespan does) and `await manager.stop()`."""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ from parrot.protocol.public_api import (
 from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.batches import batch_chars, stage_batch, tokenize_batch
+from parrot.serve.runtime.batches import batch_chars, check_awaited, stage_batch, submitted, tokenize_batch
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
@@ -53,13 +52,6 @@ from parrot.serve.runtime.variable import Variable
 log = logging.getLogger(__name__)
 
 _OFFLOAD_CHARS = 64 * 1024  # a batch with more text than this is tokenized on a worker thread
-
-
-def _submitted(staged: StagedBatch) -> SubmitResponse:
-    return SubmitResponse(
-        variables=[v.info() for v in staged.variables],
-        calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
-    )
 
 
 class Manager:
@@ -210,8 +202,10 @@ class Manager:
     def submit(self, session: Session, req: SubmitRequest, call_field_prefix: str = "calls") -> SubmitResponse:
         """Create the batch's variables, then its calls; all or nothing."""
         self._admit()
+        check_awaited(req, session.graph.variables)
         staged = self._submit(session, req.variables, self._parse(req, call_field_prefix), call_field_prefix)
-        return _submitted(staged)
+        self._note_awaited(session, req.awaited)
+        return submitted(staged)
 
     def _parse(self, req: SubmitRequest, call_field_prefix: str) -> list[tuple[CallSpec, ParsedTemplate, str]]:
         parsed = []
@@ -267,6 +261,7 @@ class Manager:
         if batch_chars(req.variables, req.calls) <= _OFFLOAD_CHARS:
             return self.submit(session, req, call_field_prefix)
         self._admit()
+        check_awaited(req, session.graph.variables)
         parsed = self._parse(req, call_field_prefix)
         self._check_admissible(session, len(parsed))
         session.submitting = True
@@ -276,9 +271,10 @@ class Manager:
             if self.sessions.sessions.get(session.session_id) is not session:
                 raise ParrotError(f"session {session.session_id!r} was closed meanwhile", status=410)
             self._commit(session, staged)
+            self._note_awaited(session, req.awaited)  # before the executor's next step dispatches
         finally:
             session.submitting = False
-        return _submitted(staged)
+        return submitted(staged)
 
     def cancel_call(self, session: Session, call_id: str) -> None:
         """Cancel an unfinished call (executor.cancel); 404 for an unknown call, 409 a finished one."""
@@ -383,6 +379,10 @@ class Manager:
         if var.criteria is not Criteria.LATENCY and var.criteria is not criteria:
             var.criteria = criteria
             self.executor.criteria_changed(session)
+
+    def _note_awaited(self, session: Session, awaited: dict[str, Criteria]) -> None:
+        for var_id, criteria in awaited.items():
+            self.note_criteria(session, self.variable(session, var_id), criteria)
 
     def list_variables(self, session: Session) -> VariableList:
         return VariableList(variables=[v.info() for v in session.graph.variables.values()])

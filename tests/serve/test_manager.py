@@ -212,6 +212,20 @@ def test_prompts_past_the_context_are_refused(default_model_folder: Path) -> Non
     run(default_model_folder, body, max_model_len=256)
 
 
+def test_awaited_names_a_variable_of_the_session_or_the_batch(default_model_folder: Path) -> None:
+    async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
+        call, out = spec("Say {{output:o}}", o=Binding(var_id="out")), [VariableSpec(var_id="out")]
+        with pytest.raises(ParrotError) as info:
+            manager.submit(session, SubmitRequest(variables=out, calls=[call], awaited={"nope": Criteria.LATENCY}))
+        assert [info.value.status, info.value.field, session.graph.variables] == [400, "awaited", {}]
+        # Named by the batch: its get's criteria are noted with it, before anything is dispatched.
+        manager.submit(session, SubmitRequest(variables=out, calls=[call], awaited={"out": Criteria.THROUGHPUT}))
+        assert session.graph.variables["out"].criteria is Criteria.THROUGHPUT
+        assert (await manager.get_variable(session, "out")).value
+
+    run(default_model_folder, body)
+
+
 def test_delete_wakes_waiting_gets_and_frees_every_context(default_model_folder: Path) -> None:
     async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
         manager.submit(

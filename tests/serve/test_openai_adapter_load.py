@@ -16,6 +16,7 @@ from live_server import serve_app
 from benchmarks.peers.fake_openai import FakeOpenAI
 from parrot.backends.openai_dialect import upstream_priority
 from parrot.backends.openai_engine import UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
+from parrot.frontend import AsyncSession, SemanticFunction
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
@@ -203,3 +204,25 @@ def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny
 
     with serve_app(fake.app()) as (url, _):
         asyncio.run(main(url))
+
+
+def test_an_sdk_get_reaches_the_server_with_its_batch(tiny_model_folder: Path) -> None:
+    # The SDK's get follows the submit in a request of its own, which may arrive after the maps are
+    # dispatched: the batch names the awaited output (SubmitRequest.awaited), so the maps are
+    # dispatched as a group whose consumer a person awaits (priority 1: vLLM priority 2000), never
+    # as work nobody awaits (2001).
+    fake = FakeOpenAI(tiny_model_folder)
+    small = {"o": SMALL}
+    map_fn = SemanticFunction("m", GUIDE + "Part: {{input:p}}\nLine:{{output:o}}", ["p"], small)
+    reduce_fn = SemanticFunction("r", "Join {{input:a}}, {{input:b}}, {{input:c}}:{{output:o}}", ["a", "b", "c"], small)
+
+    async def app(url: str) -> str:
+        async with AsyncSession(url, api_key="k") as session:
+            lines = [map_fn.invoke(session.core, part) for part in PARTS]
+            return await reduce_fn.invoke(session.core, *lines).aget()
+
+    with openai_routes_over(fake) as parrot_url:
+        for _ in range(3):
+            fake.bodies.clear()
+            assert asyncio.run(app(parrot_url)) == " ok" * 4
+            assert sorted(b.get("priority", 0) for b in fake.bodies) == [-1, 2000, 2000, 2000]

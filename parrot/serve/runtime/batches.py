@@ -9,7 +9,7 @@ import collections
 from collections.abc import Mapping, Sequence
 
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import CallSpec, VariableSpec
+from parrot.protocol.public_api import CallInfo, CallSpec, SubmitRequest, SubmitResponse, VariableSpec
 from parrot.protocol.template import ParsedTemplate
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import chat_message_boundaries
@@ -20,6 +20,23 @@ from parrot.serve.runtime.graph import StagedBatch
 from parrot.serve.runtime.render import check_prompt_len, encode_run
 from parrot.serve.runtime.session import Session
 from parrot.serve.runtime.variable import Variable
+
+
+def submitted(staged: StagedBatch) -> SubmitResponse:
+    return SubmitResponse(
+        variables=[v.info() for v in staged.variables],
+        calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
+    )
+
+
+def check_awaited(req: SubmitRequest, known: Mapping[str, Variable]) -> None:
+    """400 naming `awaited` for an id that is neither the session's variable nor named by the batch."""
+    named = {v.var_id for v in req.variables} | {b.var_id for c in req.calls for b in c.bindings.values()}
+    unknown = next((v for v in req.awaited if v not in known and v not in named), None)
+    if unknown is not None:
+        raise ParrotError(
+            f"awaited: {unknown!r} is neither a variable of the session nor named by the batch", field="awaited"
+        )
 
 
 def batch_chars(var_specs: Sequence[VariableSpec], call_specs: Sequence[CallSpec]) -> int:
