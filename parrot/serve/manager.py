@@ -234,8 +234,7 @@ class Manager:
         prompt: with prefix sharing it is filled once and each call forks it (batches.py)."""
         staged = [(spec, template, self.pool.resolve_model(spec.model)) for spec in specs]
         calls = self._submit(session, [], staged, "", message_prefix_ids, prompt_token_ids, len(specs) > 1).calls
-        for call in calls:
-            self.note_criteria(session, session.graph.variables[next(iter(call.outputs.values()))], Criteria.LATENCY)
+        self._note_awaited(session, {next(iter(c.outputs.values())): Criteria.LATENCY for c in calls})
         return calls
 
     def _submit(

@@ -31,6 +31,8 @@ def submitted(staged: StagedBatch) -> SubmitResponse:
 
 def check_awaited(req: SubmitRequest, known: Mapping[str, Variable]) -> None:
     """400 naming `awaited` for an id that is neither the session's variable nor named by the batch."""
+    if not req.awaited:
+        return
     named = {v.var_id for v in req.variables} | {b.var_id for c in req.calls for b in c.bindings.values()}
     unknown = next((v for v in req.awaited if v not in known and v not in named), None)
     if unknown is not None:

@@ -24,9 +24,10 @@ from enum import StrEnum
 from parrot.protocol.objective import Criteria, Objective
 from parrot.serve.policy.plan import CallView
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.call_runner import CallRunner, StreamedToken
+from parrot.serve.runtime.call_runner import CallRunner
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
+from parrot.serve.runtime.scoring import StreamedToken
 
 
 class CallState(StrEnum):

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TopLogprob
+from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
@@ -46,12 +46,10 @@ from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, p
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
-from parrot.serve.runtime.scoring import score_options, score_prompt, scored_tokens
+from parrot.serve.runtime.scoring import StreamedToken, score_options, score_prompt, scored_tokens
 from parrot.serve.runtime.variable import Variable
 
 log = logging.getLogger(__name__)
-# One streamed token: its id, its logprob, its top alternatives (when the sampling asks).
-StreamedToken = tuple[int, float | None, list[TopLogprob] | None]
 
 
 class RunRecord(Protocol):

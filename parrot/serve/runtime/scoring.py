@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from parrot.protocol.engine_api import FillRequest, FillResult
+from parrot.protocol.engine_api import FillRequest, FillResult, TopLogprob
 from parrot.protocol.engine_client import EngineClient
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.runtime.contexts import free_context
 
-# One token with its logprob and alternatives, as a run record keeps it (call_runner.StreamedToken).
-ScoredToken = tuple[int, float | None, list | None]  # type: ignore[type-arg]
+# One token with its logprob and its top alternatives (when asked for), as a run record keeps each
+# generated token (CallRun.output_tokens) and each scored prompt token (CallRun.prompt_tokens).
+StreamedToken = tuple[int, float | None, list[TopLogprob] | None]
 
 
 async def score_options(
@@ -33,7 +34,7 @@ async def score_options(
     return list(results)
 
 
-def scored_tokens(token_ids: list[int], result: FillResult) -> list[ScoredToken]:
+def scored_tokens(token_ids: list[int], result: FillResult) -> list[StreamedToken]:
     """A scoring fill's tokens, each with its logprob and alternatives (None where not reported)."""
     logprobs = result.token_logprobs or [None] * len(token_ids)
     tops = result.top_logprobs or [None] * len(token_ids)
@@ -42,7 +43,7 @@ def scored_tokens(token_ids: list[int], result: FillResult) -> list[ScoredToken]
 
 async def score_prompt(
     client: EngineClient, context_id: str, token_ids: list[int], top: int, objective: Objective, priority: int
-) -> list[ScoredToken]:
+) -> list[StreamedToken]:
     """`token_ids` as one scoring fill creating `context_id`: each token with its logprob and `top`
     alternatives. An engine that cannot score: ParrotError (400) naming `sampling.prompt_logprobs`."""
     try:

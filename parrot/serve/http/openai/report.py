@@ -9,6 +9,8 @@ comes first: the prompt's tokens as the call's scoring fill computed them (`prom
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from parrot.protocol.openai_api import (
     TOKEN_ID_PREFIX,
     ChatLogprobs,
@@ -17,6 +19,7 @@ from parrot.protocol.openai_api import (
     TopLogprobEntry,
 )
 from parrot.serve.runtime.call_run import CallRun
+from parrot.serve.runtime.scoring import StreamedToken
 from parrot.text import Tokenizer
 
 
@@ -34,7 +37,7 @@ class TokenReport:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return (f"{TOKEN_ID_PREFIX}{token_id}" if self.as_token_ids else text), text
 
-    def _new_tokens(self, final: bool) -> list:  # type: ignore[type-arg]
+    def _new_tokens(self, final: bool) -> list[StreamedToken]:
         """`final`: the output is complete; before that, an EOS the engine streamed (the one token
         outside the context's) waits, so that it arrives with the finish reason, as in vLLM."""
         streamed = self.record.output_tokens.get(self.output, [])
@@ -52,7 +55,7 @@ class TokenReport:
     def take(self, final: bool = False) -> CompletionLogProbs:
         return self._report(self._new_tokens(final))
 
-    def _report(self, tokens: list) -> CompletionLogProbs:  # type: ignore[type-arg]
+    def _report(self, tokens: Sequence[StreamedToken]) -> CompletionLogProbs:
         report = CompletionLogProbs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
         for token_id, logprob, top in tokens:
             token, text = self._token(token_id)
