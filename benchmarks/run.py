@@ -104,8 +104,9 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     started = time.perf_counter()
     try:
-        # Salted per configuration and repeat: no run is served from another run's prefix cache.
-        corpus = ctx.corpus.salted(f"{config.key}-{repeat}")
+        # Salted per scenario, configuration and repeat: no run is served from another run's prefix
+        # cache (scenarios read the same documents: chain and map-reduce chunks, chat turns).
+        corpus = ctx.corpus.salted(f"{scenario.key}/{config.key}-{repeat}")
         outcome = await asyncio.wait_for(scenario.run(scenario.params, target, corpus), ctx.timeout_s)
         record |= {
             "metrics": outcome.metrics,

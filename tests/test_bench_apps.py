@@ -4,22 +4,23 @@ and one tiny end-to-end run of an app on Parrot and on the request-level baselin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.apps import all_scenarios, chain_summary, map_reduce
-from benchmarks.apps.common import Corpus, Scenario
-from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
+from benchmarks.apps import all_scenarios, chain_summary, gpts, map_reduce
+from benchmarks.apps.common import Corpus, Scenario, Target
+from benchmarks.baselines import Completion, Networked, OutputError, SessionClient, check_completion, render_prompt
 from benchmarks.configs import Config, plan_configs, step_ms_at
-from benchmarks.data import Document
+from benchmarks.data import ChatTurn, Document, SystemPrompt
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table
 from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
-from benchmarks.servers import parrot_over
+from benchmarks.servers import openai_factory, parrot_over
 from parrot.engine.config import EngineConfig
 from parrot.launch import OpenAIUpstream
 from parrot.serve import ManagerConfig
@@ -268,9 +269,11 @@ def tiny_server(tiny_model_folder: Path):  # type: ignore[no-untyped-def]
     server.stop()
 
 
-def tiny_map_reduce(server: LocalServer, output_tokens: int, rtt_ms: float) -> tuple[Scenario, Context]:
-    """Map-reduce over 3 chunks of 24 tokens on the tiny server, one round trip of `rtt_ms`."""
-    params = map_reduce.Params(chunk_tokens=24, output_tokens=output_tokens, num_chunks=3)
+def tiny_map_reduce(
+    server: LocalServer, output_tokens: int, rtt_ms: float, chunk_tokens: int = 24
+) -> tuple[Scenario, Context]:
+    """Map-reduce over 3 chunks of `chunk_tokens` on the tiny server, one round trip of `rtt_ms`."""
+    params = map_reduce.Params(chunk_tokens=chunk_tokens, output_tokens=output_tokens, num_chunks=3)
     scenario = Scenario(map_reduce.NAME, "mr/tiny", "tiny", params, (map_reduce.JCT,), "map_reduce", map_reduce.run, "")
     ctx = Context(
         scale=QUICK,
@@ -362,13 +365,73 @@ def test_salted_corpus_keeps_runs_apart(tiny_model_folder: Path) -> None:
 
 
 def test_a_repeat_is_not_served_from_the_previous_runs_cache(tiny_server: LocalServer) -> None:
-    """The manager shares prefixes across sessions; a repeat must still compute its prompts."""
-    scenario, ctx = tiny_map_reduce(tiny_server, output_tokens=3, rtt_ms=1.0)
-    config = Config("parrot", "Parrot", "tiny", parrot=True)
+    """The server reuses prompt prefixes across requests; a repeat must still compute its prompts."""
+    scenario, ctx = tiny_map_reduce(tiny_server, output_tokens=3, rtt_ms=1.0, chunk_tokens=96)
+    ctx.clients["tiny"] = openai_factory(tiny_server.url, tiny_server.model)
+    config = Config("c", "(c)", "tiny", parrot=False)
 
     async def go() -> list[dict]:
         return [await run_unit(scenario, config, ctx, repeat) for repeat in (0, 1)]
 
     first, second = asyncio.run(go())
     assert "error" not in first and "error" not in second
-    assert second["prefill_tokens"] == first["prefill_tokens"] > 3 * 24
+    assert second["prefill_tokens"] == first["prefill_tokens"] > 3 * 96
+
+
+def test_another_scenario_on_the_same_document_is_not_served_from_the_cache(tiny_server: LocalServer) -> None:
+    """Scenarios read the same documents (chain and map-reduce chunks): the salt names the scenario,
+    so a request-level client whose server reuses prompt prefixes (64-token blocks) computes every
+    prompt again."""
+    scenario, ctx = tiny_map_reduce(tiny_server, output_tokens=3, rtt_ms=1.0, chunk_tokens=96)
+    ctx.clients["tiny"] = openai_factory(tiny_server.url, tiny_server.model)
+    twin = dataclasses.replace(scenario, key="mr/tiny-twin")
+    config = Config("c", "(c)", "tiny", parrot=False)
+
+    async def go() -> list[dict]:
+        return [await run_unit(s, config, ctx) for s in (scenario, twin)]
+
+    first, second = asyncio.run(go())
+    assert "error" not in first and "error" not in second
+    assert first["prefill_tokens"] > 3 * 96
+    assert second["prefill_tokens"] >= first["prefill_tokens"]  # the twin's salt is a few tokens longer
+
+
+class RecordingClient:
+    """A request client that answers at once and records each prompt with the time it was sent."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str]] = []
+
+    async def complete(self, prompt: str, max_tokens: int) -> Completion:
+        self.sent.append((time.monotonic(), prompt))
+        await asyncio.sleep(0.01)
+        return Completion("x" * max_tokens, max_tokens)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_gpts_serves_each_app_once_before_the_clock_starts(tiny_model_folder: Path) -> None:
+    """Steady state: each app's system prompt is served (unmeasured) before the first arrival."""
+
+    class Prompts(TinyCorpus):
+        def system_prompts(self, n: int, seed: int) -> tuple[SystemPrompt, ...]:
+            return tuple(SystemPrompt(f"app{i}", f"You are assistant number {i}. " * 4) for i in range(n))
+
+        def chat_turns(self, n: int, seed: int, max_prompt_tokens: int) -> tuple[ChatTurn, ...]:
+            return tuple(ChatTurn(str(i), f"question {i} about rivers", 4, 4) for i in range(n))
+
+    apps = (gpts.App("One", 16, 4, 3), gpts.App("Two", 24, 4, 3))
+    params = gpts.Params(apps, rate=50.0, num_requests=4)
+    client = RecordingClient()
+    sampler = RttModel((0.0,)).sampler("gpts")
+    target = Target("a", sampler, client=Networked(client, sampler))  # type: ignore[arg-type]
+    outcome = asyncio.run(gpts.run(params, target, Prompts(Tokenizer(tiny_model_folder))))
+    assert len(client.sent) == 6 and len(outcome.details["norm_latency_ms"]) == 4
+    warm, measured = client.sent[:2], client.sent[2:]
+    assert all(gpts.WARM_QUERY in prompt for _, prompt in warm)
+    assert not any(gpts.WARM_QUERY in prompt for _, prompt in measured)
+    assert {prompt.split("User:")[0] for _, prompt in warm} == {p.split("User:")[0] for _, p in measured}
+    assert max(t for t, _ in warm) + 0.01 <= min(t for t, _ in measured)
