@@ -5,21 +5,29 @@ bench_results/profile/step_profile.json), each configuration's metric against th
 
     python -m benchmarks.sim_cpu        # ~1 min; writes bench_results/sim_cpu/{results.json,results.md}
 
-The real numbers are the best of their runs (the machine is shared: other work only adds time).
-The simulated apps are this package's versions of the apps (benchmarks/sim/workloads.py), at the
-same token counts, not the real apps' exact templates; see the table's notes.
+The real numbers are the medians of their runs (interleaved repeats), as the app table reports
+them. The simulated apps take their shapes from the real scenarios (token counts, the GPTs arrival
+schedule and warm-up, the mixed workload's chat turns tokenized from the real data, the
+multi-agent app's own templates); chain, map-reduce and copilot are this package's versions of
+those apps at the same token counts (benchmarks/sim/workloads.py). Needs the workload data
+(`make data`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+from benchmarks.apps import all_scenarios, gpts, mixed
+from benchmarks.apps.common import Corpus
 from benchmarks.netsim import RttModel
-from benchmarks.scaling import load_paper_workloads
+from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.sim import workloads as w
 from benchmarks.sim.cluster import CONFIGS, tokenizer_folder
 from benchmarks.sim.suite import Point, Result, run_point
@@ -30,71 +38,113 @@ REAL = Path("bench_results/apps/results.json")
 OUT = Path("bench_results/sim_cpu")
 CPU = "cpu-smollm2"
 ALL = ("parrot", "a", "b", "c")
-GPTS_APPS = [
-    {"app_name": "Productivity", "prompt_length": 930, "query_length": 7, "output_length": 32},
-    {"app_name": "Image Generation", "prompt_length": 140, "query_length": 8, "output_length": 25},
-    {"app_name": "Programming", "prompt_length": 212, "query_length": 4, "output_length": 32},
-    {"app_name": "Data Analysis", "prompt_length": 254, "query_length": 4, "output_length": 26},
-]
-# The paper's multi-agent shape scaled as the quick benchmark scales it: prompts / 8, outputs 32.
-AGENTS = {
-    "round0": {"prompt_tokens": 31, "output_tokens": 32},
-    "rounds": [
-        {"role": "coder", "shared_prefix_tokens": 442, "suffix_tokens": [9, 15], "output_tokens": [32]},
-        {"role": "reviewer", "shared_prefix_tokens": 607, "suffix_tokens": [9, 15], "output_tokens": [32]},
-        {"role": "reviser", "shared_prefix_tokens": 669, "suffix_tokens": [9, 15], "output_tokens": [32]},
-    ],
-}
-MIXED = {
-    "chat": {"requests": 8, "max_prompt_tokens": 256, "output_tokens": (25, 32)},
-    "map_reduce": {
-        "apps": 2,
-        "start_after_s": 1.0,
-        "gaps_s": [2.0, 0.0],
-        "chunk_tokens": 256,
-        "output_tokens": 25,
-        "num_chunks": 4,
-    },
-}
 
 
-def cpu_points() -> list[tuple[Point, str]]:
-    """(point, the metric compared) per real scenario; the point key is the real scenario's."""
-    runs = {
+def cpu_points(corpus: Corpus) -> list[tuple[Point, str]]:
+    """(point, the metric compared) per real scenario of the quick app benchmark; the point key is
+    the real scenario's. Shapes come from the real scenarios' parameters: token counts, the GPTs
+    arrival schedule, the mixed workload's chat turns (tokenized from the real data), the
+    multi-agent app's own templates."""
+    real = {s.key: s.params for s in all_scenarios(SCALES["quick"], load_paper_workloads())}
+    chain, many, mr = real["chain_summary/alone"], real["chain_summary/many4"], real["map_reduce/default"]
+    copilot, mixed_params = real["copilot/n6"], real["mixed/default"]
+    runs: dict[str, tuple[str, Any]] = {
         "chain_summary/alone": (
             "jct_s",
-            partial(w.run_chain, docs=1, chunk_tokens=256, output_tokens=25, num_chunks=4),
+            partial(
+                w.run_chain,
+                docs=1,
+                chunk_tokens=chain.chunk_tokens,
+                output_tokens=chain.output_tokens,
+                num_chunks=chain.num_chunks,
+            ),
         ),
         "chain_summary/many4": (
             "mean_jct_s",
-            partial(w.run_many_chains, apps=4, chunk_tokens=256, output_tokens=25, num_chunks=3),
+            partial(
+                w.run_many_chains,
+                apps=many.num_apps,
+                chunk_tokens=many.chunk_tokens,
+                output_tokens=many.output_tokens,
+                num_chunks=many.num_chunks,
+            ),
         ),
         "map_reduce/default": (
             "jct_s",
-            partial(w.run_map_reduce, docs=1, chunk_tokens=256, output_tokens=25, num_chunks=8),
+            partial(
+                w.run_map_reduce,
+                docs=1,
+                chunk_tokens=mr.chunk_tokens,
+                output_tokens=mr.output_tokens,
+                num_chunks=mr.num_chunks,
+            ),
         ),
-        "multi_agent/files4": ("jct_s", partial(w.run_multi_agent, spec=AGENTS, files=4, rounds=(1, 2, 3))),
+        "multi_agent/files4": ("jct_s", partial(w.run_multi_agent_app, params=real["multi_agent/files4"])),
         "copilot/n6": (
             "mean_latency_s",
-            partial(w.run_copilot, batch=6, prompt_tokens=1024, query_tokens=16, output_tokens=25),
+            partial(
+                w.run_copilot,
+                batch=copilot.num_requests,
+                prompt_tokens=copilot.prompt_tokens,
+                query_tokens=copilot.query_tokens,
+                output_tokens=copilot.output_tokens,
+            ),
         ),
-        "mixed/default": ("chat_norm_latency_ms", partial(w.run_mixed, spec=MIXED)),
+        "mixed/default": (
+            "chat_norm_latency_ms",
+            partial(w.run_mixed, spec=mixed_spec(mixed_params), turns=chat_turns(mixed_params, corpus)),
+        ),
     }
-    pts = [(Point(key, "", CPU, ALL, run), metric) for key, (metric, run) in runs.items()]
-    for rate in (2, 4, 8):
-        run = partial(w.run_gpts, apps=GPTS_APPS, rate=float(rate), num_requests=8)
-        pts.append((Point(f"gpts/rate{rate}", "", CPU, ALL, run), "norm_latency_ms"))
-    return pts
+    for key, params in real.items():
+        if key.startswith("gpts/"):
+            apps = [
+                {
+                    "app_name": a.name,
+                    "prompt_length": a.prompt_tokens,
+                    "query_length": a.query_tokens,
+                    "output_length": a.output_tokens,
+                }
+                for a in params.apps
+            ]
+            schedule = gpts.arrivals(params)
+            runs[key] = (
+                "norm_latency_ms",
+                partial(
+                    w.run_gpts, apps=apps, rate=params.rate, num_requests=len(schedule), schedule=schedule, warm=True
+                ),
+            )
+    return [(Point(key, "", CPU, ALL, run), metric) for key, (metric, run) in runs.items()]
+
+
+def mixed_spec(params: mixed.Params) -> dict[str, Any]:
+    starts = params.app_starts_s
+    mr = params.map_reduce
+    return {
+        "chat": {"requests": params.num_chat},
+        "map_reduce": {
+            "apps": len(starts),
+            "start_after_s": starts[0],
+            "gaps_s": [b - a for a, b in itertools.pairwise(starts)] + [0.0],
+            "chunk_tokens": mr.chunk_tokens,
+            "output_tokens": mr.output_tokens,
+            "num_chunks": mr.num_chunks,
+        },
+    }
+
+
+def chat_turns(params: mixed.Params, corpus: Corpus) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of the real mixed workload's chats (chat template applied)."""
+    return [(len(corpus.tokenizer.encode(prompt)), n) for prompt, n in mixed.chat_prompts(params, corpus)]
 
 
 def real_metrics() -> dict[tuple[str, str], dict[str, float]]:
-    """The best (lowest) of each real scenario's runs, per configuration and metric."""
-    best: dict[tuple[str, str], dict[str, float]] = {}
+    """The median of each real scenario's runs (interleaved repeats), per configuration and metric."""
+    runs: dict[tuple[str, str], dict[str, list[float]]] = {}
     for rec in json.loads(REAL.read_text())["records"]:
-        slot = best.setdefault((rec["scenario"], rec["config"]), {})
-        for k, v in rec["metrics"].items():
-            slot[k] = min(v, slot.get(k, v))
-    return best
+        slot = runs.setdefault((rec["scenario"], rec["config"]), {})
+        for k, v in rec.get("metrics", {}).items():
+            slot.setdefault(k, []).append(v)
+    return {key: {k: statistics.median(v) for k, v in metrics.items()} for key, metrics in runs.items()}
 
 
 def main() -> None:
@@ -102,10 +152,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     rtt = RttModel.from_workloads(load_paper_workloads())
-    words = Words(Tokenizer(tokenizer_folder()))
+    tokenizer = Tokenizer(tokenizer_folder())
+    words = Words(tokenizer)
     real = real_metrics()
     rows, results = [], []
-    for point, metric in cpu_points():
+    for point, metric in cpu_points(Corpus(tokenizer)):
         for config in point.configs:
             result = run_point(point, config, rtt, words)
             results.append(result)
@@ -119,7 +170,7 @@ def main() -> None:
 def write(out: Path, rows: list[tuple[str, str, str, float, float | None]], results: list[Result]) -> None:
     lines = ["# Simulated CPU against the real CPU benchmark", ""]
     lines += [
-        f"Real: `{REAL}` (best of runs). Simulated: setup `{CPU}` (`python -m benchmarks.sim_cpu`).",
+        f"Real: `{REAL}` (the median of its runs). Simulated: setup `{CPU}` (`python -m benchmarks.sim_cpu`).",
         "",
     ]
     lines += ["| workload | configuration | metric | real | simulated | error |", "|---|---|---|---:|---:|---:|"]

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.apps import multi_agent
+from benchmarks.baselines import render_prompt
 from benchmarks.netsim import RttModel
-from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref, run_app
+from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref, run_app, tokenizer_folder
 from benchmarks.sim.suite import Comparison
+from benchmarks.sim.words import Words
+from benchmarks.sim.workloads import run_gpts, template_call
 from benchmarks.sim_paper import difference, ratio_of
+from parrot.protocol.template import escape_text
 from parrot.sim.loop import run_virtual
 from parrot.sim.profiles import setup
+from parrot.text import Tokenizer
 
 
 def test_difference_is_zero_inside_the_range_and_relative_to_the_nearest_bound() -> None:
@@ -48,3 +54,35 @@ def test_a_two_call_chain_runs_on_the_simulated_cpu(config: str) -> None:
     result = run_virtual(main())
     assert result.values == {"t": " the" * 4}
     assert result.latency_s > 0.01  # a round trip of 10 ms at least, in virtual time
+
+
+def test_a_template_call_renders_the_real_apps_prompt() -> None:
+    """The simulated multi-agent app is built from the real app's templates, placeholders bound."""
+    params = multi_agent.Params(num_files=2, context_tokens=8, rounds=())
+    templates = multi_agent.Templates(params, escape_text("a {context} with braces"))
+    template, inputs = templates.branch("reviser", 1, with_reviews=True)
+    values = {name: f"<{name}>" for name in inputs}
+    call = template_call(template, {n: Ref(f"out-{n}") for n in inputs}, "r", 7)
+    rendered = "".join(p if isinstance(p, str) else values[p.name.removeprefix("out-")] for p in call.pieces)
+    assert rendered == render_prompt(template, values)
+    assert [p.name for p in call.pieces if isinstance(p, Ref)] == [f"out-{n}" for n in inputs]
+    assert (call.output, call.max_tokens) == ("r", 7)
+
+
+def gpts_latency(config: str, warm: bool) -> float:
+    apps = [{"app_name": "A", "prompt_length": 400, "query_length": 4, "output_length": 8}]
+
+    async def main() -> dict[str, float]:
+        async with Cluster(setup("cpu-smollm2"), CONFIGS[config]) as cluster:
+            words = Words(Tokenizer(tokenizer_folder()))
+            rtt = RttModel((0.0,)).sampler("g")
+            return await run_gpts(cluster, rtt, words, apps, 1.0, 2, schedule=[(0.0, 0), (5.0, 0)], warm=warm)
+
+    return run_virtual(main())["norm_latency_ms"]
+
+
+def test_gpts_warm_up_puts_the_system_prompt_in_the_prefix_cache_before_the_clock() -> None:
+    # Parrot shares the system prompt: warmed, the first measured request does not compute it.
+    assert gpts_latency("parrot", warm=True) < 0.8 * gpts_latency("parrot", warm=False)
+    # Without prefix sharing every request computes it: the warm-up changes nothing measured.
+    assert gpts_latency("a", warm=True) == pytest.approx(gpts_latency("a", warm=False), rel=1e-6)

@@ -7,6 +7,10 @@ the paper's lengths (10 documents of 20k-53k tokens, mean 31.8k); the copilot's 
 6,000 tokens (the paper says "thousands"); multi-agent rounds share the round's prefix (the
 architect's design plus constant text up to the round's shared length); chat turns of the mixed
 workload are drawn (prompt 4-1024 tokens, prompt + output <= 2048) by a seeded RNG.
+
+The comparison with the real CPU benchmark (benchmarks/sim_cpu.py) passes the real scenarios'
+shapes instead: the GPTs arrival schedule and warm-up, the mixed workload's chat turns, and
+`run_multi_agent_app`, the real multi-agent app built from its own templates (`template_call`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.apps import multi_agent
 from benchmarks.netsim import RttSampler
 from benchmarks.sim.cluster import Call, Cluster, Input, Ref, now, run_app
 from benchmarks.sim.words import Words
+from parrot.protocol.template import Placeholder, PlaceholderKind, TextPiece, escape_text, parse_template
 
 DOC_TOKENS = (20_000, 22_000, 24_000, 26_000, 28_000, 30_000, 33_000, 38_000, 44_000, 53_000)  # mean 31.8k
 
@@ -157,25 +163,77 @@ class GptsApp:
 
 
 async def run_gpts(
-    cluster: Cluster, rtt: RttSampler, words: Words, apps: list[dict[str, Any]], rate: float, num_requests: int
+    cluster: Cluster,
+    rtt: RttSampler,
+    words: Words,
+    apps: list[dict[str, Any]],
+    rate: float,
+    num_requests: int,
+    schedule: list[tuple[float, int]] | None = None,
+    warm: bool = False,
 ) -> dict[str, float]:
-    """Poisson arrivals at `rate`, apps mixed 1:1:1:1; normalized latency = mean(latency / output tokens)."""
+    """Poisson arrivals at `rate`, apps mixed 1:1:1:1 (or `schedule`: (arrival offset s, app index)
+    per request); normalized latency = mean(latency / output tokens). `warm`: each app answers one
+    query before the clock starts (steady state, as the real benchmark measures)."""
     specs = [GptsApp(a["app_name"], a["prompt_length"], a["query_length"], a["output_length"]) for a in apps]
     prompts = {a.name: words.text(f"gpts/{a.name}", a.prompt_tokens) for a in specs}
-    rng = random.Random(f"gpts{rate}")
-    tasks = []
-    for i in range(num_requests):
-        app = specs[i % len(specs)]
-        call = Call(
-            (prompts[app.name] + "\nUser:", Input(words.text(f"q{i}", app.query_tokens)), "\nAssistant:"),
-            f"g{i}",
-            app.output_tokens,
-        )
-        tasks.append(asyncio.create_task(run_app(cluster, [call], [call.output], rtt)))
-        await asyncio.sleep(rng.expovariate(rate))
+    if schedule is None:
+        rng, t, schedule = random.Random(f"gpts{rate}"), 0.0, []
+        for i in range(num_requests):
+            schedule.append((t, i % len(specs)))
+            t += rng.expovariate(rate)
+
+    def call(app: GptsApp, key: str) -> Call:
+        query = Input(words.text(f"q{key}", app.query_tokens))
+        return Call((prompts[app.name] + "\nUser:", query, "\nAssistant:"), f"g{key}", app.output_tokens)
+
+    if warm:
+        warm_calls = [call(app, f"warm{i}") for i, app in enumerate(specs)]
+        await asyncio.gather(*(run_app(cluster, [c], [c.output], rtt) for c in warm_calls))
+    start, tasks = now(), []
+    for i, (offset, app_index) in enumerate(schedule):
+        await asyncio.sleep(max(0.0, start + offset - now()))
+        c = call(specs[app_index], str(i))
+        tasks.append(asyncio.create_task(run_app(cluster, [c], [c.output], rtt)))
     results = await asyncio.gather(*tasks)
-    norm = [r.latency_s * 1000 / specs[i % len(specs)].output_tokens for i, r in enumerate(results)]
+    norm = [r.latency_s * 1000 / specs[a].output_tokens for r, (_, a) in zip(results, schedule, strict=True)]
     return {"norm_latency_ms": mean(norm)}
+
+
+def template_call(template: str, bind: dict[str, Ref | Input], output: str, max_tokens: int) -> Call:
+    """A call from a real benchmark app's template (benchmarks/apps): its text, and each input
+    placeholder bound to `bind[name]` (an earlier call's output, or a value); the template ends
+    with its one output."""
+    parsed = parse_template(template)
+    *body, last = parsed.pieces
+    assert isinstance(last, Placeholder) and last.kind is PlaceholderKind.OUTPUT, "the output must end the template"
+    pieces = tuple(p.text if isinstance(p, TextPiece) else bind[p.name] for p in body)
+    return Call(pieces, output, max_tokens)
+
+
+async def run_multi_agent_app(
+    cluster: Cluster, rtt: RttSampler, words: Words, params: multi_agent.Params
+) -> dict[str, float]:
+    """The real benchmark's multi-agent app (benchmarks/apps/multi_agent.py: its templates, rounds
+    and outputs; every branch reads the project context, the design and the files' latest code and
+    reviews, its role last), over a synthetic context of the same length."""
+    templates = multi_agent.Templates(params, escape_text(words.text("ma/context", params.context_tokens)))
+    calls: list[Call] = []
+    state: dict[str, Ref | Input] = {}
+    for k, r in enumerate(params.rounds):
+        if r.role == "architect":
+            calls.append(template_call(templates.architect(), {}, "design", r.output_tokens[0]))
+            state["design"] = Ref("design")
+            continue
+        kind = "review" if r.role == "reviewer" else "code"
+        outputs = {}
+        for i in range(params.num_files):
+            template, inputs = templates.branch(r.role, i, r.role == "reviser")
+            calls.append(template_call(template, {n: state[n] for n in inputs}, f"r{k}f{i}", params.outs(r)[i]))
+            outputs[f"{kind}{i}"] = Ref(f"r{k}f{i}")
+        state.update(outputs)
+    result = await run_app(cluster, calls, [c.output for c in calls[-params.num_files :]], rtt)
+    return {"jct_s": result.latency_s}
 
 
 async def run_multi_agent(
@@ -237,15 +295,23 @@ async def run_copilot(
     return {"mean_latency_s": mean([r.latency_s for r in results])}
 
 
-async def run_mixed(cluster: Cluster, rtt: RttSampler, words: Words, spec: dict[str, Any]) -> dict[str, float]:
-    """Chats at 1 req/s (latency) and map-reduce apps from 15 s (throughput within each app)."""
+async def run_mixed(
+    cluster: Cluster,
+    rtt: RttSampler,
+    words: Words,
+    spec: dict[str, Any],
+    turns: list[tuple[int, int]] | None = None,
+) -> dict[str, float]:
+    """Chats at 1 req/s (latency) and map-reduce apps from 15 s (throughput within each app).
+    `turns`: (prompt tokens, output tokens) of each chat; default drawn by a seeded RNG."""
     chat, mr = spec["chat"], spec["map_reduce"]
-    rng = random.Random("mixed/chat")
-    turns = []
-    for _ in range(chat["requests"]):
-        prompt = rng.randint(4, chat.get("max_prompt_tokens", 1024))
-        low, high = chat.get("output_tokens", (16, 512))
-        turns.append((prompt, rng.randint(low, min(high, 2048 - prompt))))
+    if turns is None:
+        rng = random.Random("mixed/chat")
+        turns = []
+        for _ in range(chat["requests"]):
+            prompt = rng.randint(4, chat.get("max_prompt_tokens", 1024))
+            low, high = chat.get("output_tokens", (16, 512))
+            turns.append((prompt, rng.randint(low, min(high, 2048 - prompt))))
 
     async def chats() -> list[float]:
         tasks = []
