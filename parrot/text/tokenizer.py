@@ -6,6 +6,8 @@ threads (the `tokenizers` library releases the GIL while encoding).
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,10 @@ from parrot.text.tools import plain_messages
 _CONTRACTION_LEN = 3
 _GIL_FREE_CHARS = 8192  # texts longer than this are tokenized with the GIL released
 _WINDOW = 64  # characters of a text's tail pre-tokenized first to find its stable end (doubled as needed)
+# A known prefix (encode_offsets) is cached from this many characters, up to the longest kept.
+_PREFIX_MIN_CHARS = 512
+_PREFIX_MAX_CHARS = 65536
+_PREFIXES_KEPT = 256
 
 
 def _raise(message: str) -> None:
@@ -42,6 +48,8 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size()
         # Added tokens are matched in the text before pre-tokenization (whatever the pre-tokenizer).
         self._added = [t.content for t in self._tok.get_added_tokens_decoder().values() if len(t.content) > 1]
+        self._resumable = _resumes_at_pre_token_boundaries(json.loads(self._tok.to_str()))
+        self._prefix_tokens = functools.lru_cache(maxsize=_PREFIXES_KEPT)(self._stable_prefix_tokens)
         template = cfg.get("chat_template")
         if template is None and (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
@@ -64,11 +72,31 @@ class Tokenizer:
         """Plain text to ids, with no special tokens added (the prompt structure is ours)."""
         return list(self._encode(text).ids)
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+    def encode_offsets(self, text: str, known_prefix: int = 0) -> tuple[list[int], list[int]]:
         """Ids (as `encode`) and where each token's text ends in `text` (characters, nondecreasing;
-        the tokens of one multi-byte character all end after it)."""
+        the tokens of one multi-byte character all end after it).
+
+        `known_prefix`: text[:known_prefix] is text that will begin other texts too (a template's
+        constant text, e.g. a 4,000-character system prompt before each user's query). Its stable
+        tokens (stable_len) are cached, and only the text from where they end is tokenized: the
+        same ids and ends as tokenizing the whole text, for a tokenizer whose pre-tokenization
+        resumes at a pre-token boundary as if the text began there (byte-level BPE without a
+        prefix space and without a normalizer; any other tokenizes the whole text)."""
+        if self._resumable and _PREFIX_MIN_CHARS <= known_prefix <= min(len(text), _PREFIX_MAX_CHARS):
+            ids, ends, cut = self._prefix_tokens(text[:known_prefix])
+            enc = self._encode(text[cut:])
+            return ids + list(enc.ids), ends + [cut + end for _, end in enc.offsets]
         enc = self._encode(text)
         return list(enc.ids), [end for _, end in enc.offsets]
+
+    def _stable_prefix_tokens(self, prefix: str) -> tuple[list[int], list[int], int]:
+        """The tokens of `prefix` that no continuation changes, their ends, and where they end."""
+        enc = self._encode(prefix)
+        cut = self.stable_len(prefix)
+        ends = [end for _, end in enc.offsets]
+        k = bisect.bisect_right(ends, cut)
+        cut = ends[k - 1] if k else 0  # the text after the kept tokens is tokenized with the rest
+        return list(enc.ids[:k]), ends[:k], cut
 
     def stable_len(self, text: str, end: int | None = None) -> int:
         """The longest prefix of text[:end], in characters, whose tokens no continuation can change:
@@ -176,3 +204,12 @@ class IncrementalDecoder:
         self._read_offset = len(self._ids)
         self.text += delta
         return delta
+
+
+def _resumes_at_pre_token_boundaries(spec: dict[str, Any]) -> bool:
+    """Whether tokenizing text[cut:] gives the tokens of the whole text after `cut`, for any cut
+    where a pre-token begins: no normalizer (one may join characters across the cut), and a
+    byte-level pre-tokenizer that adds no prefix space and splits with GPT-2's regex (which looks
+    behind nothing) or none."""
+    pre = spec.get("pre_tokenizer") or {}
+    return spec.get("normalizer") is None and pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space")

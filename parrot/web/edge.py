@@ -110,7 +110,7 @@ class BodyLimitMiddleware:
         await self.app(scope, counted_receive, send)
 
 
-def bearer_token(
+async def bearer_token(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> str | None:
     return None if credentials is None else credentials.credentials

@@ -132,6 +132,28 @@ def test_a_known_prefix_keeps_only_tokens_no_continuation_can_change(default_mod
     assert tok.stable_len("hello <|im_") == len("hello ")  # may become <|im_end|>
 
 
+def test_a_cached_known_prefix_tokenizes_exactly_as_the_whole_text(default_model_folder: Path) -> None:
+    """encode_offsets(text, known_prefix) reuses the prefix's stable tokens and tokenizes the rest:
+    ids and ends must equal the whole text's, wherever the prefix ends (mid-word, in a run of
+    spaces, on an apostrophe, inside a special token, after a multi-byte character)."""
+    tok = Tokenizer(default_model_folder)
+    rng = random.Random(11)
+    hard = ["  ", "\n\n", "'re", "’ll", "<|im_start|>", "<|im_", "é", "中文", "🦜"]
+    pieces = [*fragments(rng, corpus_text(), 400), *hard]
+    num_cached = 0
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " ", "\n", "  "]) for _ in range(rng.randint(60, 160)))
+        cut = rng.randint(512, len(text)) if len(text) > 512 else 512
+        whole = tok.encode_offsets(text)
+        assert tok.encode_offsets(text, known_prefix=cut) == whole, (text[:cut], text[cut:])
+        num_cached += cut <= len(text)
+    # The same prefix again, another continuation: served from the cache, still exact.
+    system = "".join(rng.choice(pieces) + " " for _ in range(300))
+    for query in ("Plan a trip", " to Rome", "'re you there?", "\n\nUser: hi"):
+        assert tok.encode_offsets(system + query, known_prefix=len(system)) == tok.encode_offsets(system + query)
+    assert tok._prefix_tokens.cache_info().hits >= 3 and num_cached > 300
+
+
 def test_a_corpus_of_calls_fills_exactly_the_rendered_prompts_ids(default_model_folder: Path) -> None:
     """220 calls, half of whose values arrive after submit (early fills, forks from cached prefixes)."""
     corpus = build_corpus(220)

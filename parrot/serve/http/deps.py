@@ -1,4 +1,7 @@
-"""FastAPI dependencies of the manager's routes: the manager behind the app, the caller's session."""
+"""FastAPI dependencies of the manager's routes: the manager behind the app, the caller's session.
+
+Coroutines, not plain functions: FastAPI runs a plain-function dependency in its thread pool (a
+thread hop per dependency per request, and the manager's state read off its event loop)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from parrot.serve.runtime.session import Session
 from parrot.web.edge import BearerToken
 
 
-def get_manager(request: Request) -> Manager:
+async def get_manager(request: Request) -> Manager:
     manager = request.app.state.manager
     assert isinstance(manager, Manager)
     return manager
@@ -20,14 +23,14 @@ def get_manager(request: Request) -> Manager:
 ManagerDep = Annotated[Manager, Depends(get_manager)]
 
 
-def get_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
+async def get_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
     return manager.session(session_id, token)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_inspected_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
+async def get_inspected_session(session_id: str, token: BearerToken, manager: ManagerDep) -> Session:
     return manager.sessions.inspect(token, session_id)
 
 

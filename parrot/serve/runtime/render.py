@@ -68,7 +68,11 @@ def encode_run(
     if call.prompt_token_ids is not None:  # a plain request sent as tokens: filled as given
         encoded = Encoded(text, list(call.prompt_token_ids), [], piece_ends)
     else:
-        ids, ends = tokenizer.encode_offsets(text)
+        # A template's leading constant text (a system prompt) begins every call of the template:
+        # its tokens are cached by the tokenizer, only the rest is tokenized (the same ids).
+        first = call.template.pieces[start]
+        known = len(texts[0] or "") if start == 0 and stop > 1 and isinstance(first, TextPiece) else 0
+        ids, ends = tokenizer.encode_offsets(text, known_prefix=known)
         encoded = Encoded(text, ids, ends, piece_ends)
     call.encodings[key] = (stop, encoded)
     return encoded
