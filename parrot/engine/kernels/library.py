@@ -18,6 +18,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from parrot.engine.cpu_features import AMX_FLAGS, BF16_DOT_FLAGS, cpu_flags, x86_linux
 from parrot.engine.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -42,8 +43,8 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # One decoder layer (fused.py): the number of attention work items that could not allocate.
     "parrot_decoder_layer": (_I64, [_PTR, _PTR, _I64, *[_PTR] * 5, _F32, _F32, _F32]),
 }
-_BF16_FLAGS = {"avx512_bf16", "avx512bw", "avx512vl"}
-_AMX_FLAGS = {"amx_bf16", "amx_tile"}
+_BF16_FLAGS = BF16_DOT_FLAGS
+_AMX_FLAGS = AMX_FLAGS
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -52,19 +53,12 @@ _amx = False
 _reason = ""  # why the library is unavailable, or (with it) why AMX is not used
 
 
-def _cpu_flags() -> set[str]:
-    if not _x86_linux():
-        return set()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
+def _cpu_flags() -> frozenset[str]:
+    return cpu_flags()
 
 
 def _x86_linux() -> bool:
-    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+    return x86_linux()
 
 
 def cpu_supports_bf16_dot() -> bool:
