@@ -12,7 +12,7 @@ from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref
 from benchmarks.sim.suite import Comparison
 from benchmarks.sim.words import Words
 from benchmarks.sim.workloads import run_gpts, template_call
-from benchmarks.sim_paper import difference, ratio_of
+from benchmarks.sim_paper import difference, ratio_of, sustainable_rate
 from parrot.protocol.template import escape_text
 from parrot.sim.loop import run_virtual
 from parrot.sim.profiles import setup
@@ -34,9 +34,17 @@ def test_sustainable_rate_ratio() -> None:
     c = Comparison("Fig", "x", ("g/1", "g/4", "g/16"), "norm_latency_ms", "c", 12.0, 12.0, True)
     table = {("g/1", "parrot"): {"norm_latency_ms": 30.0}, ("g/4", "parrot"): {"norm_latency_ms": 40.0},
              ("g/16", "parrot"): {"norm_latency_ms": 150.0}, ("g/1", "c"): {"norm_latency_ms": 90.0},
-             ("g/4", "c"): {"norm_latency_ms": 120.0}, ("g/16", "c"): {"norm_latency_ms": 300.0}}  # fmt: skip
-    # Parrot keeps <= 100 ms/token up to 4 req/s, the baseline up to 1 req/s.
-    assert ratio_of(c, table) == pytest.approx(4.0)
+             ("g/4", "c"): {"norm_latency_ms": 120.0}}  # fmt: skip
+    # Parrot crosses 100 ms/token between 4 and 16 req/s: 4 x 4^(60/110); the baseline between 1 and
+    # 4: 4^(10/30); its 16 req/s point was not run (over at a lower rate) and counts as over.
+    assert sustainable_rate(c, table, "parrot") == pytest.approx(4 * 4 ** (60 / 110))
+    assert sustainable_rate(c, table, "c") == pytest.approx(4 ** (10 / 30))
+    assert ratio_of(c, table) == pytest.approx(4 * 4 ** (60 / 110) / 4 ** (10 / 30))
+    # Never over: the highest rate swept (a lower bound); over at the lowest: none.
+    table[("g/16", "parrot")] = {"norm_latency_ms": 90.0}
+    assert sustainable_rate(c, table, "parrot") == 16.0
+    table[("g/1", "parrot")] = {"norm_latency_ms": 101.0}
+    assert sustainable_rate(c, table, "parrot") is None
 
 
 @pytest.mark.parametrize("config", ["a", "parrot"])
