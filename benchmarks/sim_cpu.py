@@ -40,7 +40,7 @@ CPU = "cpu-smollm2"
 ALL = ("parrot", "a", "b", "c")
 
 
-def cpu_points(corpus: Corpus) -> list[tuple[Point, str]]:
+def cpu_points(corpus: Corpus, setup: str = CPU) -> list[tuple[Point, str]]:
     """(point, the metric compared) per real scenario of the quick app benchmark; the point key is
     the real scenario's. Shapes come from the real scenarios' parameters: token counts, the GPTs
     arrival schedule, the mixed workload's chat turns (tokenized from the real data), the
@@ -113,7 +113,7 @@ def cpu_points(corpus: Corpus) -> list[tuple[Point, str]]:
                     w.run_gpts, apps=apps, rate=params.rate, num_requests=len(schedule), schedule=schedule, warm=True
                 ),
             )
-    return [(Point(key, "", CPU, ALL, run), metric) for key, (metric, run) in runs.items()]
+    return [(Point(key, "", setup, ALL, run), metric) for key, (metric, run) in runs.items()]
 
 
 def mixed_spec(params: mixed.Params) -> dict[str, Any]:
@@ -137,10 +137,10 @@ def chat_turns(params: mixed.Params, corpus: Corpus) -> list[tuple[int, int]]:
     return [(len(corpus.tokenizer.encode(prompt)), n) for prompt, n in mixed.chat_prompts(params, corpus)]
 
 
-def real_metrics() -> dict[tuple[str, str], dict[str, float]]:
+def real_metrics(path: Path = REAL) -> dict[tuple[str, str], dict[str, float]]:
     """The median of each real scenario's runs (interleaved repeats), per configuration and metric."""
     runs: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for rec in json.loads(REAL.read_text())["records"]:
+    for rec in json.loads(path.read_text())["records"]:
         slot = runs.setdefault((rec["scenario"], rec["config"]), {})
         for k, v in rec.get("metrics", {}).items():
             slot.setdefault(k, []).append(v)
@@ -150,13 +150,15 @@ def real_metrics() -> dict[tuple[str, str], dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--real", type=Path, default=REAL, help="the real app benchmark's results.json")
+    parser.add_argument("--setup", default=CPU, help="the simulated setup (cpu-smollm2: AVX512-BF16, bf16)")
     args = parser.parse_args()
     rtt = RttModel.from_workloads(load_paper_workloads())
     tokenizer = Tokenizer(tokenizer_folder())
     words = Words(tokenizer)
-    real = real_metrics()
+    real = real_metrics(args.real)
     rows, results = [], []
-    for point, metric in cpu_points(Corpus(tokenizer)):
+    for point, metric in cpu_points(Corpus(tokenizer), args.setup):
         for config in point.configs:
             result = run_point(point, config, rtt, words)
             results.append(result)
@@ -164,13 +166,15 @@ def main() -> None:
             sim = result.metrics[metric]
             rows.append((point.key, config, metric, sim, measured))
             print(point.key, config, metric, sim, measured, flush=True)
-    write(args.out, rows, results)
+    write(args.out, rows, results, args.real, args.setup)
 
 
-def write(out: Path, rows: list[tuple[str, str, str, float, float | None]], results: list[Result]) -> None:
+def write(
+    out: Path, rows: list[tuple[str, str, str, float, float | None]], results: list[Result], real: Path, setup: str
+) -> None:
     lines = ["# Simulated CPU against the real CPU benchmark", ""]
     lines += [
-        f"Real: `{REAL}` (the median of its runs). Simulated: setup `{CPU}` (`python -m benchmarks.sim_cpu`).",
+        f"Real: `{real}` (the median of its runs). Simulated: setup `{setup}` (`python -m benchmarks.sim_cpu`).",
         "",
     ]
     lines += ["| workload | configuration | metric | real | simulated | error |", "|---|---|---|---:|---:|---:|"]

@@ -5,23 +5,37 @@
 Reads bench_results/profile/step_profile.json (`python -m benchmarks.step_profile`: per run, the
 engine steps of each kind with their time, decode rows and prefill tokens), fits
 `time = steps x a + prefill tokens x b + decode rows x c` by least squares over every (run, kind)
-group, and prints the fit and its error: the numbers `parrot/sim/profiles/hardware.toml`
-[cpu-2core] is derived from (see its `about`).
+group, and prints the fit and its error, then the fit as a hardware profile for the cost model
+(`--model`: the model profile whose weights a step reads, e.g. `smollm2-135m-fp32` for a float32
+engine): a prefill token's body FLOPs give the effective TFLOP/s, the weights stream once a step
+at `--bandwidth-gbps` (the rest of the per-step time is overhead), a decoded row costs its FLOPs at
+that rate plus a per-row overhead. Paste it into `parrot/sim/profiles/hardware.toml`.
+
+    python -m benchmarks.sim_fit_cpu --model smollm2-135m-fp32 --name cpu-2core-avx2
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
+from parrot.sim import profiles
+
 PROFILE = Path("bench_results/profile/step_profile.json")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, default=PROFILE)
+    parser.add_argument("--model", default="smollm2-135m", help="model profile (models.toml) the engine ran")
+    parser.add_argument("--bandwidth-gbps", type=float, default=20.0, help="weights streamed once a step at this")
+    parser.add_argument("--name", default="cpu-2core")
+    args = parser.parse_args()
     rows, times = [], []
-    for run in json.loads(PROFILE.read_text()):
+    for run in json.loads(args.profile.read_text()):
         for kind in run["kinds"].values():
             if kind["steps"]:
                 rows.append([kind["steps"], kind["prefill_tokens"], kind["decode_rows"]])
@@ -30,9 +44,35 @@ def main() -> None:
     fit, *_ = np.linalg.lstsq(a, y, rcond=None)
     error = float(np.abs(a @ fit - y).sum() / y.sum())
     step_ms, prefill_ms, decode_ms = (fit * 1000).tolist()
-    print(f"{len(rows)} step groups from {PROFILE}")
+    print(f"{len(rows)} step groups from {args.profile}")
     print(f"per step {step_ms:.1f} ms, per prefill token {prefill_ms:.3f} ms, per decode row {decode_ms:.2f} ms")
     print(f"mean absolute error over the groups' time: {error:.1%}")
+    print(profile_toml(args.name, profiles.model(args.model), step_ms, prefill_ms, decode_ms, args.bandwidth_gbps))
+
+
+def profile_toml(
+    name: str, model: profiles.ModelProfile, step_ms: float, prefill_ms: float, decode_ms: float, bw_gbps: float
+) -> str:
+    """The fit as the cost model's terms (cost.py, combine = sum): a prefill token costs its body
+    FLOPs at `peak_tflops`; a step reads the weights at `bw_gbps` (what it cannot explain of the
+    per-step time is `step_overhead_ms`; a faster fit lowers the bandwidth instead); a decoded row
+    costs its FLOPs (body + LM head) at `peak_tflops` plus `row_overhead_ms`."""
+    tflops = 2 * model.body_params / (prefill_ms / 1000) / 1e12
+    weights_ms = model.weight_bytes / (bw_gbps * 1e9) * 1000
+    if weights_ms > step_ms:
+        bw_gbps, weights_ms = model.weight_bytes / (step_ms / 1000) / 1e9, step_ms
+    row_flops_ms = 2 * (model.body_params + model.head_params) / (tflops * 1e12) * 1000
+    lines = [
+        f"[{name}]",
+        f"peak_tflops = {tflops:.3f}",
+        f"mem_bw_gbps = {bw_gbps:.1f}",
+        "mfu = 1.0",
+        "bw_efficiency = 1.0",
+        f"step_overhead_ms = {step_ms - weights_ms:.2f}",
+        f"row_overhead_ms = {max(0.0, decode_ms - row_flops_ms):.2f}",
+        'combine = "sum"',
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref
 from benchmarks.sim.suite import Comparison
 from benchmarks.sim.words import Words
 from benchmarks.sim.workloads import run_gpts, template_call
+from benchmarks.sim_fit_cpu import profile_toml
 from benchmarks.sim_paper import difference, ratio_of, sustainable_rate
 from parrot.protocol.template import escape_text
+from parrot.sim import profiles
 from parrot.sim.loop import run_virtual
 from parrot.sim.profiles import setup
 from parrot.text import Tokenizer
@@ -94,3 +96,19 @@ def test_gpts_warm_up_puts_the_system_prompt_in_the_prefix_cache_before_the_cloc
     assert gpts_latency("parrot", warm=True) < 0.8 * gpts_latency("parrot", warm=False)
     # Without prefix sharing every request computes it: the warm-up changes nothing measured.
     assert gpts_latency("a", warm=True) == pytest.approx(gpts_latency("a", warm=False), rel=1e-6)
+
+
+def test_the_cpu_fit_becomes_the_cost_models_terms() -> None:
+    """The fourth session's fit (17.1 ms a step, 0.881 ms a prefill token, 2.21 ms a decoded row)
+    gives hardware.toml's [cpu-2core]: 2 x 106.2M body FLOPs in 0.881 ms is 0.241 TFLOP/s, the
+    269 MB of weights at 20 GB/s are 13.45 ms of the step, a row's 2 x 134.5M FLOPs 1.12 ms."""
+    toml = profile_toml("cpu-2core", profiles.model("smollm2-135m"), 17.1, 0.881, 2.21, 20.0)
+    fitted = dict(line.split(" = ") for line in toml.splitlines()[1:])
+    hw = profiles.hardware("cpu-2core")
+    assert float(fitted["peak_tflops"]) == pytest.approx(hw.peak_tflops, abs=0.001)
+    assert float(fitted["mem_bw_gbps"]) == hw.mem_bw_gbps
+    assert float(fitted["step_overhead_ms"]) == pytest.approx(hw.step_overhead_ms, abs=0.05)
+    assert float(fitted["row_overhead_ms"]) == pytest.approx(hw.row_overhead_ms, abs=0.01)
+    # A step faster than its weights at that bandwidth: the bandwidth is lowered, no overhead left.
+    fp32 = profile_toml("x", profiles.model("smollm2-135m-fp32"), 20.0, 2.0, 3.0, 20.0)
+    assert "step_overhead_ms = 0.00" in fp32 and "mem_bw_gbps = 26.9" in fp32
