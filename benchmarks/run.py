@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import subprocess
@@ -235,15 +236,30 @@ def machine_info() -> dict[str, Any]:
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
             git = ["git", "describe", "--always", "--dirty"]
             commit = subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
+    from parrot.engine.cpu_features import cpu_flags
+
     return {
         "commit": commit,
         "cpu": cpu,
+        # What the engine's dtype and kernels follow (the same model name covers AVX2-only and
+        # AVX512-BF16 EPYCs).
+        "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
         "num_cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def merge_into(results: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """Add `earlier`'s scenarios that this run did not run (their records and descriptions), in
+    the earlier order; the run's own metadata stands, `merged_from` names what was kept."""
+    ran = {s["key"] for s in results["scenarios"]}
+    kept = [s for s in earlier["scenarios"] if s["key"] not in ran]
+    results["scenarios"] = kept + results["scenarios"]
+    results["records"] = [r for r in earlier["records"] if r["scenario"] not in ran] + results["records"]
+    results["merged_from"] = {"commit": earlier.get("machine", {}).get("commit"), "scenarios": [s["key"] for s in kept]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-min", type=float, help="no repeat starts that would end after this many minutes")
     parser.add_argument("--rtt-scale", type=float, default=1.0, help="multiply every round trip (0: no network)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--merge", action="store_true", help="keep OUT/results.json's other scenarios; replace those run now"
+    )
     args = parser.parse_args(argv)
     args.dtype = resolve_dtype(args.dtype)  # the same for every engine, vLLM included
 
@@ -377,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         "paper_results": paper["paper_results"],
         "records": records,
     }
+    if args.merge and (args.out / "results.json").exists():
+        merge_into(results, json.loads((args.out / "results.json").read_text()))
     results["derived"] = derive(results)
     write_report(results, args.out)
     errors = [r for r in records if "error" in r]

@@ -18,7 +18,7 @@ from benchmarks.data import ChatTurn, Document, SystemPrompt
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table
-from benchmarks.run import Context, run_unit
+from benchmarks.run import Context, merge_into, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from benchmarks.servers import openai_factory, parrot_over
 from parrot.engine.config import EngineConfig
@@ -430,8 +430,24 @@ def test_gpts_serves_each_app_once_before_the_clock_starts(tiny_model_folder: Pa
     target = Target("a", sampler, client=Networked(client, sampler))  # type: ignore[arg-type]
     outcome = asyncio.run(gpts.run(params, target, Prompts(Tokenizer(tiny_model_folder))))
     assert len(client.sent) == 6 and len(outcome.details["norm_latency_ms"]) == 4
+    # The run's output check compares the engine's generated tokens with these: warm-up included.
+    assert outcome.num_calls == 6
+    assert outcome.num_output_tokens == 6 * 3
     warm, measured = client.sent[:2], client.sent[2:]
     assert all(gpts.WARM_QUERY in prompt for _, prompt in warm)
     assert not any(gpts.WARM_QUERY in prompt for _, prompt in measured)
     assert {prompt.split("User:")[0] for _, prompt in warm} == {p.split("User:")[0] for _, p in measured}
     assert max(t for t, _ in warm) + 0.01 <= min(t for t, _ in measured)
+
+
+def test_merge_keeps_the_earlier_runs_other_scenarios() -> None:
+    earlier = {
+        "machine": {"commit": "abc"},
+        "scenarios": [{"key": "chain"}, {"key": "gpts/rate2"}],
+        "records": [{"scenario": "chain", "config": "a"}, {"scenario": "gpts/rate2", "config": "a", "error": "x"}],
+    }
+    now = {"scenarios": [{"key": "gpts/rate2"}], "records": [{"scenario": "gpts/rate2", "config": "a"}]}
+    merge_into(now, earlier)
+    assert [s["key"] for s in now["scenarios"]] == ["chain", "gpts/rate2"]
+    assert now["records"] == [{"scenario": "chain", "config": "a"}, {"scenario": "gpts/rate2", "config": "a"}]
+    assert now["merged_from"] == {"commit": "abc", "scenarios": ["chain"]}

@@ -135,10 +135,11 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
         return (now() - begin) * 1000.0 / params.apps[app_index].output_tokens
 
     norms = await asyncio.gather(*(one(i, offset, a) for i, (offset, a) in enumerate(schedule)))
-    num_tokens = sum(params.apps[a].output_tokens for _, a in schedule)
+    # The engine also generated the warm-up's answers: the run's output check counts them.
+    num_tokens = sum(params.apps[a].output_tokens for _, a in schedule) + sum(a.output_tokens for a in params.apps)
     return Outcome(
         {"norm_latency_ms": sum(norms) / len(norms), "max_norm_latency_ms": max(norms)},
-        params.num_requests,
+        params.num_requests + len(params.apps),
         num_tokens,
         {"norm_latency_ms": list(norms)},
     )
