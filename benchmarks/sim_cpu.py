@@ -49,36 +49,9 @@ def cpu_points(corpus: Corpus, setup: str = CPU) -> list[tuple[Point, str]]:
     chain, many, mr = real["chain_summary/alone"], real["chain_summary/many4"], real["map_reduce/default"]
     copilot, mixed_params = real["copilot/n6"], real["mixed/default"]
     runs: dict[str, tuple[str, Any]] = {
-        "chain_summary/alone": (
-            "jct_s",
-            partial(
-                w.run_chain,
-                docs=1,
-                chunk_tokens=chain.chunk_tokens,
-                output_tokens=chain.output_tokens,
-                num_chunks=chain.num_chunks,
-            ),
-        ),
-        "chain_summary/many4": (
-            "mean_jct_s",
-            partial(
-                w.run_many_chains,
-                apps=many.num_apps,
-                chunk_tokens=many.chunk_tokens,
-                output_tokens=many.output_tokens,
-                num_chunks=many.num_chunks,
-            ),
-        ),
-        "map_reduce/default": (
-            "jct_s",
-            partial(
-                w.run_map_reduce,
-                docs=1,
-                chunk_tokens=mr.chunk_tokens,
-                output_tokens=mr.output_tokens,
-                num_chunks=mr.num_chunks,
-            ),
-        ),
+        "chain_summary/alone": ("jct_s", chunked(w.run_chain, chain, docs=1)),
+        "chain_summary/many4": ("mean_jct_s", chunked(w.run_many_chains, many, apps=many.num_apps)),
+        "map_reduce/default": ("jct_s", chunked(w.run_map_reduce, mr, docs=1)),
         "multi_agent/files4": ("jct_s", partial(w.run_multi_agent_app, params=real["multi_agent/files4"])),
         "copilot/n6": (
             "mean_latency_s",
@@ -114,6 +87,12 @@ def cpu_points(corpus: Corpus, setup: str = CPU) -> list[tuple[Point, str]]:
                 ),
             )
     return [(Point(key, "", setup, ALL, run), metric) for key, (metric, run) in runs.items()]
+
+
+def chunked(run: Any, params: Any, **kw: Any) -> Any:
+    """`run` over the real scenario's chunks: their size, count and output length."""
+    sizes = {"chunk_tokens": params.chunk_tokens, "num_chunks": params.num_chunks}
+    return partial(run, output_tokens=params.output_tokens, **sizes, **kw)
 
 
 def mixed_spec(params: mixed.Params) -> dict[str, Any]:

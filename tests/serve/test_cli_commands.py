@@ -65,7 +65,7 @@ def test_serve_settings_defaults_then_file_then_flags(tmp_path: Path, capsys: py
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[engine]\ndtype = "f16"', "engine.dtype: 'f16' is not allowed; allowed values: bfloat16, float32"),
+        ('[engine]\ndtype = "f16"', "engine.dtype: 'f16' is not allowed; allowed values: auto, bfloat16, float32"),
         (
             '[engine]\nattention = "flash"',
             "engine.attention: 'flash' is not allowed; allowed values: {backends}",
