@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.run import machine_info
+from benchmarks.machine import machine_info
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
 from parrot.protocol import FreeContextRequest, GenerateRequest, SamplingParams

@@ -23,7 +23,7 @@ from typing import Any
 
 import openai
 
-from benchmarks.run import machine_info
+from benchmarks.machine import machine_info
 from parrot.backends.connect import connect_engine
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig

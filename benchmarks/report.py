@@ -370,3 +370,13 @@ if __name__ == "__main__":  # re-render a run's table and plots: python -m bench
     loaded["derived"] = derive(loaded)
     write_report(loaded, path.parent)
     print(render_markdown(loaded))
+
+
+def merge_into(results: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """Add `earlier`'s scenarios that this run did not run (their records and descriptions), in
+    the earlier order; the run's own metadata stands, `merged_from` names what was kept."""
+    ran = {s["key"] for s in results["scenarios"]}
+    kept = [s for s in earlier["scenarios"] if s["key"] not in ran]
+    results["scenarios"] = kept + results["scenarios"]
+    results["records"] = [r for r in earlier["records"] if r["scenario"] not in ran] + results["records"]
+    results["merged_from"] = {"commit": earlier.get("machine", {}).get("commit"), "scenarios": [s["key"] for s in kept]}

@@ -29,8 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -49,8 +47,9 @@ from benchmarks.deploy import (
     cached_prompt_tokens,
     warm_up,
 )
+from benchmarks.machine import machine_info
 from benchmarks.netsim import RttModel
-from benchmarks.report import derive, write_report
+from benchmarks.report import derive, merge_into, write_report
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
 from benchmarks.servers import (
     openai_factory,
@@ -220,46 +219,6 @@ def latency_target(lat: ManagerServer, client: Callable[[], RequestClient]) -> t
 
 
 # ---- main --------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    commit = os.environ.get("PARROT_COMMIT")
-    if commit is None:
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            git = ["git", "describe", "--always", "--dirty"]
-            commit = subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
-    from parrot.engine.cpu_features import cpu_flags
-
-    return {
-        "commit": commit,
-        "cpu": cpu,
-        # What the engine's dtype and kernels follow (the same model name covers AVX2-only and
-        # AVX512-BF16 EPYCs).
-        "cpu_features": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
-        "num_cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def merge_into(results: dict[str, Any], earlier: dict[str, Any]) -> None:
-    """Add `earlier`'s scenarios that this run did not run (their records and descriptions), in
-    the earlier order; the run's own metadata stands, `merged_from` names what was kept."""
-    ran = {s["key"] for s in results["scenarios"]}
-    kept = [s for s in earlier["scenarios"] if s["key"] not in ran]
-    results["scenarios"] = kept + results["scenarios"]
-    results["records"] = [r for r in earlier["records"] if r["scenario"] not in ran] + results["records"]
-    results["merged_from"] = {"commit": earlier.get("machine", {}).get("commit"), "scenarios": [s["key"] for s in kept]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.apps import all_scenarios, chain_summary, gpts, map_reduce
-from benchmarks.apps.common import Corpus, Scenario, Target
-from benchmarks.baselines import Completion, Networked, OutputError, SessionClient, check_completion, render_prompt
+from benchmarks.apps import all_scenarios, chain_summary, map_reduce
+from benchmarks.apps.common import Corpus, Scenario
+from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
 from benchmarks.configs import Config, plan_configs, step_ms_at
-from benchmarks.data import ChatTurn, Document, SystemPrompt
+from benchmarks.data import Document
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table
-from benchmarks.run import Context, merge_into, run_unit
+from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from benchmarks.servers import openai_factory, parrot_over
 from parrot.engine.config import EngineConfig
@@ -394,60 +394,3 @@ def test_another_scenario_on_the_same_document_is_not_served_from_the_cache(tiny
     assert "error" not in first and "error" not in second
     assert first["prefill_tokens"] > 3 * 96
     assert second["prefill_tokens"] >= first["prefill_tokens"]  # the twin's salt is a few tokens longer
-
-
-class RecordingClient:
-    """A request client that answers at once and records each prompt with the time it was sent."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[float, str]] = []
-
-    async def complete(self, prompt: str, max_tokens: int) -> Completion:
-        self.sent.append((time.monotonic(), prompt))
-        await asyncio.sleep(0.01)
-        return Completion("x" * max_tokens, max_tokens)
-
-    async def aclose(self) -> None:
-        pass
-
-
-def test_gpts_serves_each_app_once_before_the_clock_starts(tiny_model_folder: Path) -> None:
-    """Steady state: each app's system prompt is served (unmeasured) before the first arrival."""
-
-    class Prompts(TinyCorpus):
-        def system_prompts(self, n: int, seed: int) -> tuple[SystemPrompt, ...]:
-            return tuple(SystemPrompt(f"app{i}", f"You are assistant number {i}. " * 4) for i in range(n))
-
-        def chat_turns(self, n: int, seed: int, max_prompt_tokens: int) -> tuple[ChatTurn, ...]:
-            return tuple(ChatTurn(str(i), f"question {i} about rivers", 4, 4) for i in range(n))
-
-    apps = (gpts.App("One", 16, 4, 3), gpts.App("Two", 24, 4, 3))
-    params = gpts.Params(apps, rate=50.0, num_requests=4)
-    client = RecordingClient()
-    sampler = RttModel((0.0,)).sampler("gpts")
-    target = Target("a", sampler, client=Networked(client, sampler))  # type: ignore[arg-type]
-    outcome = asyncio.run(gpts.run(params, target, Prompts(Tokenizer(tiny_model_folder))))
-    assert len(client.sent) == 6 and len(outcome.details["norm_latency_ms"]) == 4
-    # The run's output check compares the engine's generated tokens with these: warm-up included.
-    assert outcome.num_calls == 6
-    assert outcome.num_output_tokens == 6 * 3
-    warm, measured = client.sent[:2], client.sent[2:]
-    assert all(gpts.WARM_QUERY in prompt for _, prompt in warm)
-    assert not any(gpts.WARM_QUERY in prompt for _, prompt in measured)
-    assert {prompt.split("User:")[0] for _, prompt in warm} == {p.split("User:")[0] for _, p in measured}
-    assert max(t for t, _ in warm) + 0.01 <= min(t for t, _ in measured)
-
-
-def test_merge_keeps_the_earlier_runs_other_scenarios() -> None:
-    earlier = {
-        "machine": {"commit": "abc"},
-        "scenarios": [{"key": "chain"}, {"key": "gpts/rate2"}],
-        "records": [{"scenario": "chain", "config": "a"}, {"scenario": "gpts/rate2", "config": "a", "error": "x"}],
-    }
-    now = {"scenarios": [{"key": "gpts/rate2"}], "records": [{"scenario": "gpts/rate2", "config": "a"}]}
-    merge_into(now, earlier)
-    assert [s["key"] for s in now["scenarios"]] == ["chain", "gpts/rate2"]
-    assert now["records"] == [{"scenario": "chain", "config": "a"}, {"scenario": "gpts/rate2", "config": "a"}]
-    assert now["merged_from"] == {"commit": "abc", "scenarios": ["chain"]}
