@@ -45,8 +45,11 @@ class Client:
         status = self.get("").json()
         del status["idle_s"]
         # Per-call run state moves on its own (early fills; any get, even one that times out,
-        # re-deduces objectives): the graph's own state is what bad requests must not change.
+        # re-deduces objectives), and so do the engines' token counts (a waiting call's early fill
+        # may land after the first look, on a slow machine): the graph's own state is what bad
+        # requests must not change.
         status["calls"] = [(c["call_id"], c["name"], c["state"], c["task_group"]) for c in status["calls"]]
+        del status["engines"]
         return status, self.get("/variables").json()
 
 
