@@ -30,7 +30,8 @@ import time
 import torch
 
 from parrot.engine import kernels, sync_client
-from parrot.engine.config import EngineConfig
+from parrot.engine.config import DTYPES, EngineConfig, resolve_dtype
+from parrot.engine.kernels import library
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
@@ -88,12 +89,16 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
     ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
+    ap.add_argument("--dtype", choices=DTYPES, default="auto", help="float32: the block kernels against torch")
     a = ap.parse_args()
-    if not kernels.available():
+    dtype = resolve_dtype(a.dtype)
+    if dtype == "bfloat16" and not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
+    if dtype == "float32" and library.blocks_library() is None:
+        raise SystemExit(f"block kernels {library.blocks_status()}")
     torch.set_num_threads(a.threads)
     folder = resolve_model_folder(DEFAULT_MODEL)
-    config = EngineConfig(model=str(folder), dtype="bfloat16", max_num_batched_tokens=4096, cpu_kernels=True)
+    config = EngineConfig(model=str(folder), dtype=dtype, max_num_batched_tokens=4096, cpu_kernels=True)
     if a.no_batch_invariant:
         config = dataclasses.replace(config, batch_invariant=False)
     if a.attention:
@@ -105,11 +110,12 @@ def main() -> None:
     else:
         engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
         timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
-    assert engines[True].stats().native_kernels == kernels.status()
+    status = engines[True].stats().native_kernels
+    assert not status.startswith("unavailable"), status
     names = ("fused", "per-op") if a.fused else ("kernels", "torch")
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
-    print(f"{DEFAULT_MODEL} bf16, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({kernels.status()})")
+    print(f"{DEFAULT_MODEL} {dtype}, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({status})")
     for engine in engines.values():
         engine.start()
     try:

@@ -49,6 +49,10 @@ def _apply_native_kernels(model: LlamaModel, config: EngineConfig) -> tuple[bool
         # A float32 model is a choice (bit-exact runs); a machine without the kernels is news.
         level = logging.INFO if config.dtype != "bfloat16" else logging.WARNING
         log.log(level, "native CPU kernels %s; running on torch ops", report.status)
+        blocks = kernels.apply_blocks(model)  # a float32 GGUF model's linears over its blocks
+        if blocks.applied:
+            log.info("float32 linears over the model's GGUF blocks: %s", blocks.status)
+            return False, blocks.status
         return False, report.status
     note = f" ({report.note})" if report.note else ""
     log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)

@@ -1,5 +1,5 @@
-"""The ctypes declarations of the kernel library (kernels.library.SIGNATURES) match the C functions
-cpu_kernels.c exports: the same functions, argument counts and types, and return types. A mismatch
+"""The ctypes declarations of each kernel library (kernels.library.KERNELS, BLOCKS) match the C
+functions its file exports: the same functions, argument counts and types, and return types. A mismatch
 would not fail to load; it would pass garbage to the kernels."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import re
 
-from parrot.engine.kernels.library import SIGNATURES, SOURCE
+import pytest
+
+from parrot.engine.kernels.library import BLOCKS, KERNELS, Source
 
 C_TO_CTYPES: dict[str, type | None] = {
     "void": None,
@@ -29,9 +31,9 @@ def ctype_of(param: str) -> type:
     return ctype
 
 
-def c_signatures() -> dict[str, tuple[type | None, list[type]]]:
+def c_signatures(source: Source = KERNELS) -> dict[str, tuple[type | None, list[type]]]:
     found = {}
-    for ret, name, params in DEFINITION.findall(SOURCE.read_text()):
+    for ret, name, params in DEFINITION.findall(source.path.read_text()):
         params = params.strip()
         args = [] if params in ("", "void") else [ctype_of(p) for p in params.split(",")]
         found[name] = (C_TO_CTYPES[ret], args)
@@ -47,10 +49,11 @@ def test_the_parser_reads_the_c_file() -> None:
     )
 
 
-def test_ctypes_declarations_match_the_c_signatures() -> None:
-    sigs = c_signatures()
-    assert sorted(SIGNATURES) == sorted(sigs)  # every export declared, nothing declared that is not exported
-    for name, (restype, argtypes) in SIGNATURES.items():
+@pytest.mark.parametrize("source", [KERNELS, BLOCKS], ids=lambda s: s.path.name)
+def test_ctypes_declarations_match_the_c_signatures(source: Source) -> None:
+    sigs = c_signatures(source)
+    assert sorted(source.signatures) == sorted(sigs)  # every export declared, nothing declared that is not
+    for name, (restype, argtypes) in source.signatures.items():
         c_restype, c_argtypes = sigs[name]
         assert restype == c_restype, f"{name}: restype {restype} but C returns {c_restype}"
         assert len(argtypes) == len(c_argtypes), f"{name}: {len(argtypes)} argtypes, C takes {len(c_argtypes)}"

@@ -120,13 +120,16 @@ def test_engines_with_and_without_kernels_side_by_side(
 def test_build_says_why_the_library_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     from parrot.engine.kernels import library
 
-    monkeypatch.setattr(library, "_x86_linux", lambda: True)
-    monkeypatch.setattr(library, "_cpu_flags", lambda: {"avx512bw"})
-    assert library._build() == (None, "the CPU lacks avx512_bf16, avx512vl")
-    monkeypatch.setattr(library, "_cpu_flags", lambda: {"avx512_bf16", "avx512bw", "avx512vl"})
+    monkeypatch.setattr(library, "x86_linux", lambda: True)
+    monkeypatch.setattr(library, "cpu_flags", lambda: {"avx512bw", "avx2"})
+    assert library.build(library.KERNELS) == (None, "the CPU lacks avx512_bf16, avx512vl")
+    assert library.build(library.BLOCKS) == (None, "the CPU lacks fma")
+    monkeypatch.setattr(library, "cpu_flags", lambda: {"avx512_bf16", "avx512bw", "avx512vl"})
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(library.shutil, "which", lambda _: None)
-    assert library._build() == (None, "no C compiler (gcc is not on PATH and $CC is unset)")
+    assert library.build(library.KERNELS) == (None, "no C compiler (gcc is not on PATH and $CC is unset)")
+    monkeypatch.setattr(library, "x86_linux", lambda: False)
+    assert library.build(library.BLOCKS)[1].startswith("not an x86-64 Linux machine")
 
 
 def test_an_unavailable_library_is_logged_and_reported(

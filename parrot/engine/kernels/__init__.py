@@ -13,12 +13,15 @@ in the process.
 - pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
 - fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows;
 - transform.py: `apply_native`, which swaps them in;
-- invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count.
+- invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count;
+- blocks.py + block_kernels.c: a float32 GGUF model's linears over its exact 4/8-bit blocks (AVX2),
+  `apply_blocks`.
 This package may import parrot.engine.model (to transform it); the model never imports it.
 """
 
 from __future__ import annotations
 
+from parrot.engine.kernels.blocks import BlockLinear, BlockLMHead, BlocksReport, apply_blocks
 from parrot.engine.kernels.decode import (
     CascadePieces,
     cascade_decode,
@@ -47,6 +50,10 @@ from parrot.engine.kernels.transform import NativeReport, apply_native
 
 __all__ = [
     "AMX_MAX_ROWS",
+    "BlockLMHead",
+    "BlockLinear",
+    "BlocksReport",
+    "apply_blocks",
     "DOT_MAX_ROWS",
     "SIGNATURES",
     "CascadePieces",

@@ -1,7 +1,8 @@
 """The batch-invariant transform: `apply_batch_invariant(model)` swaps a loaded model's projections
 and LM head, in place, for pieces whose per-row result does not depend on how many rows the step
 has (`ops.linear(..., row_invariant=True)`: the VNNI kernel over weights packed by
-`ops.pack_vnni` at every row count, or torch one row at a time where no kernel can run).
+`ops.pack_vnni` at every row count, or torch one row at a time where no kernel can run; a float32
+model's block pieces take the block kernels at every row count, blocks.py).
 
 Why only these: a matmul library picks its kernel (and so its summation order) by the number of
 rows: the dot kernel up to 4 rows, AMX up to 128, oneDNN above, each rounding differently. The
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from parrot.engine.kernels.blocks import BlockLinear, BlockLMHead, RowInvariantBlockLinear, RowInvariantBlockLMHead
 from parrot.engine.kernels.pieces import NativeLinear, NativeLMHead
 from parrot.engine.model.layers import Linear, LMHead
 
@@ -33,10 +35,14 @@ def apply_batch_invariant(model: nn.Module) -> int:
     num_replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, (RowInvariantLinear, RowInvariantLMHead)):
+            if isinstance(child, (RowInvariantLinear, RowInvariantLMHead, RowInvariantBlockLinear, RowInvariantBlockLMHead)):
                 continue
             new: nn.Module
-            if isinstance(child, Linear):
+            if isinstance(child, BlockLinear):  # float32 over blocks: the block kernels at every row count
+                new = RowInvariantBlockLinear.of(child)
+            elif isinstance(child, BlockLMHead):
+                new = RowInvariantBlockLMHead.of(child)
+            elif isinstance(child, Linear):
                 new = RowInvariantLinear.of(child)
             elif isinstance(child, LMHead):
                 new = RowInvariantLMHead.of(child)

@@ -1,10 +1,13 @@
-"""The native kernel library: built once per process from cpu_kernels.c with the system C compiler,
-loaded through ctypes, and why it is unavailable when it is.
+"""The native kernel libraries: each built once per process from its C file with the system C
+compiler, loaded through ctypes, and why it is unavailable when it is.
 
-The library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags. It
-needs gcc (or $CC) and a CPU with AVX512-BF16; its AMX path also needs AMX-BF16 and the OS's
-permission for the tile state. `status()` names what runs ("avx512_bf16+amx", "avx512_bf16") or
-says why nothing does ("unavailable: <reason>"); the engine logs it once and reports it in stats.
+- cpu_kernels.c, the bf16 decoder's kernels: needs a CPU with AVX512-BF16; its AMX path also needs
+  AMX-BF16 and the OS's permission for the tile state. `status()` names what runs
+  ("avx512_bf16+amx", "avx512_bf16") or says why nothing does ("unavailable: <reason>").
+- block_kernels.c, float32 linears over GGUF block-encoded weights (blocks.py): needs AVX2 + FMA
+  (`blocks_library()`, `blocks_status()`).
+A library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags, and needs
+gcc (or $CC). The engine logs what runs once and reports it in stats.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from parrot.engine.cpu_features import AMX_FLAGS, BF16_DOT_FLAGS, cpu_flags, x86_linux
@@ -43,52 +47,85 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # One decoder layer (fused.py): the number of attention work items that could not allocate.
     "parrot_decoder_layer": (_I64, [_PTR, _PTR, _I64, *[_PTR] * 5, _F32, _F32, _F32]),
 }
-_BF16_FLAGS = BF16_DOT_FLAGS
-_AMX_FLAGS = AMX_FLAGS
+BLOCKS_SOURCE = Path(__file__).with_name("block_kernels.c")
+BLOCKS_FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-shared", "-fPIC"]
+BLOCKS_CPU_FLAGS = frozenset({"avx2", "fma"})
+BLOCKS_SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
+    "parrot_linear_q4_1": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
+    "parrot_linear_q8_0": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A C file, its compiler flags, the CPU flags its instructions need and its ctypes table."""
+
+    path: Path
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+    signatures: dict[str, tuple[type | None, list[type]]] = field(hash=False)
+
+
+KERNELS = Source(SOURCE, tuple(_FLAGS), BF16_DOT_FLAGS, SIGNATURES)
+BLOCKS = Source(BLOCKS_SOURCE, tuple(BLOCKS_FLAGS), BLOCKS_CPU_FLAGS, BLOCKS_SIGNATURES)
+
+
+def build(source: Source) -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why not)."""
+    if not x86_linux():
+        return None, f"not an x86-64 Linux machine ({platform.system()} {platform.machine()})"
+    missing = source.needs - cpu_flags()
+    if missing:
+        return None, f"the CPU lacks {', '.join(sorted(missing))}"
+    cc = os.environ.get("CC") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (gcc is not on PATH and $CC is unset)"
+    key = hashlib.sha256(source.path.read_bytes() + " ".join([cc, *source.flags]).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"{source.path.stem}-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([cc, *source.flags, str(source.path), "-o", str(tmp)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return None, f"compiling {source.path.name} with {cc} failed: {proc.stderr.strip()[-500:]}"
+        os.replace(tmp, out)  # atomic: concurrent builders never load a half-written file
+    lib = ctypes.CDLL(str(out))  # torch is imported first, so its OpenMP runtime is the one used
+    for name, (restype, argtypes) in source.signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib, ""
+
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 _amx = False
 _reason = ""  # why the library is unavailable, or (with it) why AMX is not used
-
-
-def _cpu_flags() -> frozenset[str]:
-    return cpu_flags()
-
-
-def _x86_linux() -> bool:
-    return x86_linux()
+_blocks: tuple[ctypes.CDLL | None, str] | None = None  # the block kernels once built: (library, why not)
 
 
 def cpu_supports_bf16_dot() -> bool:
-    return not _BF16_FLAGS - _cpu_flags()
+    return not BF16_DOT_FLAGS - cpu_flags()
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    """(the library, "") or (None, why not)."""
-    if not _x86_linux():
-        return None, f"not an x86-64 Linux machine ({platform.system()} {platform.machine()})"
-    missing = _BF16_FLAGS - _cpu_flags()
-    if missing:
-        return None, f"the CPU lacks {', '.join(sorted(missing))}"
-    cc = os.environ.get("CC") or shutil.which("gcc")
-    if cc is None:
-        return None, "no C compiler (gcc is not on PATH and $CC is unset)"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *_FLAGS]).encode()).hexdigest()[:16]
-    out = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            return None, f"compiling {SOURCE.name} with {cc} failed: {proc.stderr.strip()[-500:]}"
-        os.replace(tmp, out)  # atomic: concurrent builders never load a half-written file
-    lib = ctypes.CDLL(str(out))  # torch is imported first, so its OpenMP runtime is the one used
-    for name, (restype, argtypes) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib, ""
+def blocks_library() -> ctypes.CDLL | None:
+    """The block-weight kernels (block_kernels.c), built once per process; None where they cannot be."""
+    global _blocks
+    if _blocks is None:
+        with _lock:
+            if _blocks is None:
+                try:
+                    _blocks = build(BLOCKS)
+                except OSError as exc:
+                    _blocks = (None, f"building or loading the library failed: {exc}")
+    return _blocks[0]
+
+
+def blocks_status() -> str:
+    """ "avx2_fma" or "unavailable: <reason>" (building on first call)."""
+    lib = blocks_library()
+    assert _blocks is not None
+    return "avx2_fma" if lib is not None else f"unavailable: {_blocks[1]}"
 
 
 def load() -> ctypes.CDLL | None:
@@ -99,12 +136,12 @@ def load() -> ctypes.CDLL | None:
     with _lock:
         if not _tried:
             try:
-                _lib, _reason = _build()
+                _lib, _reason = build(KERNELS)
             except OSError as exc:
                 _lib, _reason = None, f"building or loading the library failed: {exc}"
             if _lib is not None:
                 # AMX needs the CPU feature and the OS's permission for the tile state (per process).
-                missing = _AMX_FLAGS - _cpu_flags()
+                missing = AMX_FLAGS - cpu_flags()
                 if missing:
                     _reason = f"no AMX: the CPU lacks {', '.join(sorted(missing))}"
                 elif _lib.parrot_amx_init() != 1:

@@ -1,0 +1,297 @@
+"""Float32 models over their GGUF blocks: the exact block encoding of a dequantized weight, and the
+pieces that multiply by it (block_kernels.c, AVX2 + FMA).
+
+A GGUF model is dequantized once to float32 (model/loader.py); on a CPU without bfloat16 arithmetic
+the engine runs it in float32, and a decode step streams every weight as 4 bytes. But each weight
+is still `d * q + m` of its 4-bit block (Q4_1) or `d * q` of its 8-bit one (Q8_0): `encode_q4_1` and
+`encode_q8_0` recover (d, m, q) from the float32 weight and keep them only if every weight is
+rebuilt bit for bit, so the kernels multiply by exactly the model's float32 weights while reading
+0.6 or 1.06 bytes a weight. A weight that is not such an encoding (a model shipped in float32, a
+random test model) keeps torch's path.
+
+`BlockLinear` and `BlockLMHead` run steps of up to `MAX_ROWS` rows on the kernels and larger ones
+(prefill chunks) on torch's float32 matmul, which is faster there; their `ROW_INVARIANT` versions
+(the batch-invariant mode) run every row count on the kernels, whose per-row sum does not depend on
+the other rows. `apply_blocks(model)` swaps them in for a float32 model's projections and LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parrot.engine.kernels import library
+from parrot.engine.model.layers import Linear, LMHead
+
+QK = 32  # weights per block
+MAX_ROWS = 8  # above this torch's float32 matmul is faster than the block kernels (prefill)
+HEAD_MAX_ROWS = 64  # the LM head's weight is 8x the biggest projection's: the kernels win longer
+_STEPS = (0, 1, -1, 2, -2)  # half-float steps around the estimated scale tried for a block
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A [N, K] weight as blocks of 32 along K: `qs` the codes, `scales` (d, m) or d per block."""
+
+    kind: str  # "q4_1" or "q8_0"
+    qs: torch.Tensor  # q4_1: uint8 [N, K/32, 16] (byte j: q[j] | q[j + 16] << 4); q8_0: int8 [N, K/32, 32]
+    scales: torch.Tensor  # float32: q4_1 [N, K/32, 2] (d, m); q8_0 [N, K/32]
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() * self.qs.element_size() + self.scales.numel() * 4
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight, rebuilt as the kernels rebuild it (tests compare it with the original)."""
+        if self.kind == "q8_0":
+            return (self.qs.float() * self.scales[..., None]).reshape(self.out_features, self.in_features)
+        q = torch.cat([self.qs & 0x0F, self.qs >> 4], dim=-1).float()
+        w = self.scales[..., :1] * q + self.scales[..., 1:]
+        return w.reshape(self.out_features, self.in_features)
+
+
+def _half_steps(estimate: torch.Tensor) -> list[torch.Tensor]:
+    """Candidate half-float scales: the estimate rounded to half, and its neighbours."""
+    bits = estimate.to(torch.float16).view(torch.int16).to(torch.int32)
+    return [(bits + s).clamp(0, 0x7BFF).to(torch.int16).view(torch.float16).float() for s in _STEPS]
+
+
+def _blocks(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight as [blocks, 32] (float32, K a multiple of 32), or None."""
+    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.shape[1] % QK or weight.numel() == 0:
+        return None
+    return weight.detach().reshape(-1, QK)
+
+
+def _solve(
+    b: torch.Tensor, estimate: torch.Tensor, offset: torch.Tensor | None, lo: int, hi: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(d, q) with fp32(d * q) (+ offset) == b for every block, d a half float, q in lo..hi; each
+    candidate scale is tried only on the blocks no earlier one rebuilt. None if a block is left."""
+    d = torch.zeros(b.shape[0])
+    q = torch.zeros(b.shape, dtype=torch.int16)
+    left = torch.arange(b.shape[0])
+    target = b if offset is None else b - offset[:, None]
+    for step in range(len(_STEPS)):
+        c = _half_steps(estimate[left])[step][:, None]
+        safe = torch.where(c > 0, c, 1.0)
+        qc = torch.where(c > 0, target[left] / safe, 0.0).round_().clamp_(lo, hi)
+        rebuilt = c * qc if offset is None else c * qc + offset[left, None]
+        good = (rebuilt == b[left]).all(-1)
+        d[left[good]] = c[good, 0]
+        q[left[good]] = qc[good].to(torch.int16)
+        left = left[~good]
+        if not len(left):
+            return d, q
+    return None
+
+
+def encode_q4_1(weight: torch.Tensor) -> BlockWeight | None:
+    """`weight` as Q4_1 blocks (w = d * q + m, d and m half floats, q in 0..15) if it is exactly
+    one, else None. The block's least weight is m (its code is 0)."""
+    b = _blocks(weight)
+    if b is None:
+        return None
+    m = b.amin(-1)
+    if not torch.equal(m.half().float(), m):
+        return None
+    solved = _solve(b, (b.amax(-1) - m) / 15, m, 0, 15)
+    if solved is None:
+        return None
+    d, q8 = solved
+    n, k = weight.shape
+    q = q8.to(torch.uint8).reshape(n, k // QK, QK)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    scales = torch.stack([d, m], dim=-1).reshape(n, k // QK, 2)
+    return BlockWeight("q4_1", packed.contiguous(), scales.contiguous(), n, k)
+
+
+def encode_q8_0(weight: torch.Tensor) -> BlockWeight | None:
+    """`weight` as Q8_0 blocks (w = d * q, d a half float, q in -127..127) if it is exactly one."""
+    b = _blocks(weight)
+    if b is None:
+        return None
+    solved = _solve(b, b.abs().amax(-1) / 127, None, -127, 127)
+    if solved is None:
+        return None
+    d, q = solved
+    n, k = weight.shape
+    return BlockWeight("q8_0", q.to(torch.int8).reshape(n, k // QK, QK).contiguous(), d.reshape(n, k // QK), n, k)
+
+
+def encode(weight: torch.Tensor) -> BlockWeight | None:
+    """The weight's exact block encoding (Q4_1 first: it is the smaller), or None."""
+    return encode_q4_1(weight) or encode_q8_0(weight)
+
+
+def block_linear(x: torch.Tensor, blocks: BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w^T (+ bias) on the block kernels; x float32 [M, K] with unit stride along K."""
+    lib = library.blocks_library()
+    assert lib is not None
+    m, k = x.shape
+    if k != blocks.in_features:
+        raise ValueError(f"linear: x has {k} features, weight expects {blocks.in_features}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty(m, blocks.out_features, dtype=torch.float32)
+    fn = lib.parrot_linear_q4_1 if blocks.kind == "q4_1" else lib.parrot_linear_q8_0
+    bias_ptr = None if bias is None else bias.contiguous().data_ptr()
+    fn(
+        x.data_ptr(),
+        x.stride(0),
+        blocks.qs.data_ptr(),
+        blocks.scales.data_ptr(),
+        bias_ptr,
+        y.data_ptr(),
+        m,
+        blocks.out_features,
+        k,
+        torch.get_num_threads(),
+    )
+    return y
+
+
+class _Encoded:
+    """A weight's block encoding, made again when the weight changes (an in-place write bumps its
+    version); None while it is not an exact encoding."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.blocks: BlockWeight | None = None
+
+    def get(self, weight: torch.Tensor) -> BlockWeight | None:
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key:
+            self.key, self.blocks = key, encode(weight)
+        return self.blocks
+
+
+def _runs_on_blocks(x: torch.Tensor, blocks: BlockWeight | None, row_invariant: bool, max_rows: int) -> bool:
+    return (
+        blocks is not None
+        and x.dim() == 2
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and (row_invariant or x.shape[0] <= max_rows)
+        and not torch.is_grad_enabled()
+    )
+
+
+class BlockLinear(Linear):
+    """A projection whose float32 weight is an exact block encoding: small steps on the kernels."""
+
+    ROW_INVARIANT = False
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.encoded = _Encoded()
+
+    @classmethod
+    def of(cls, linear: Linear) -> Self:
+        with torch.device("meta"):  # no memory: the parameters are the replaced module's
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new.weight, new.bias = linear.weight, linear.bias
+        if isinstance(linear, BlockLinear):
+            new.encoded = linear.encoded  # the same weight: its encoding is not made again
+        return new
+
+    @property
+    def blocks(self) -> BlockWeight | None:
+        return self.encoded.get(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self.blocks
+        if _runs_on_blocks(x, blocks, self.ROW_INVARIANT, MAX_ROWS):
+            assert blocks is not None
+            return block_linear(x, blocks, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class BlockLMHead(LMHead):
+    ROW_INVARIANT = False
+
+    def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
+        super().__init__(hidden_size, vocab_size, tied)
+        self.encoded = _Encoded()
+
+    @classmethod
+    def of(cls, head: LMHead) -> Self:
+        with torch.device("meta"):
+            new = cls(0, 0, tied=True)
+        new.weight = head.weight
+        if isinstance(head, BlockLMHead):
+            new.encoded = head.encoded
+        return new
+
+    def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        w = self.head_weight(embed_weight)
+        blocks = self.encoded.get(w)
+        if _runs_on_blocks(hidden, blocks, self.ROW_INVARIANT, HEAD_MAX_ROWS):
+            assert blocks is not None
+            return block_linear(hidden, blocks)
+        return F.linear(hidden, w)
+
+
+class RowInvariantBlockLinear(BlockLinear):
+    ROW_INVARIANT = True
+
+
+class RowInvariantBlockLMHead(BlockLMHead):
+    ROW_INVARIANT = True
+
+
+@dataclass(frozen=True)
+class BlocksReport:
+    """What `apply_blocks` did: `status` is what EngineStats.native_kernels reports."""
+
+    status: str  # "avx2_fma blocks: N of M weights (X MB for Y MB of float32)" or "unavailable: <reason>"
+    num_replaced: int = 0
+
+    @property
+    def applied(self) -> bool:
+        return self.num_replaced > 0
+
+
+def apply_blocks(model: nn.Module, row_invariant: bool = False) -> BlocksReport:
+    """Swap a float32 model's projections and LM head, in place, for block pieces where their weight
+    is an exact block encoding (encoded now, once); leave the rest, and say why when nothing is."""
+    if {p.dtype for p in model.parameters()} != {torch.float32}:
+        return BlocksReport("unavailable: the block kernels take float32 models")
+    if library.blocks_library() is None:
+        return BlocksReport(library.blocks_status())
+    linear, head = (RowInvariantBlockLinear, RowInvariantBlockLMHead) if row_invariant else (BlockLinear, BlockLMHead)
+    embed = getattr(model, "embed", None)
+    num_replaced = num_weights = encoded_bytes = float_bytes = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Linear) and not isinstance(child, linear):
+                new: BlockLinear | BlockLMHead = linear.of(child)
+                weight = child.weight
+            elif isinstance(child, LMHead) and not isinstance(child, head) and isinstance(embed, nn.Embedding):
+                new = head.of(child)
+                weight = child.head_weight(embed.weight)
+            else:
+                continue
+            num_weights += 1
+            blocks = new.encoded.get(weight)
+            if blocks is None:
+                continue
+            new.train(child.training)
+            setattr(parent, name, new)
+            num_replaced += 1
+            encoded_bytes += blocks.nbytes
+            float_bytes += weight.numel() * 4
+    if not num_replaced:
+        return BlocksReport("unavailable: no weight is an exact Q4_1 or Q8_0 block encoding")
+    mb = 1 << 20
+    status = (
+        f"{library.blocks_status()} blocks: {num_replaced} of {num_weights} weights "
+        f"({encoded_bytes / mb:.0f} MB for {float_bytes / mb:.0f} MB of float32)"
+    )
+    return BlocksReport(status, num_replaced)
