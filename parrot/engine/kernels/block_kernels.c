@@ -8,10 +8,11 @@
  * (d * q is exact in float32; + m rounds once, as numpy does), so they multiply by the very same
  * float32 weights with a sixth of the memory traffic.
  *
- * y[M, N] = x[M, K] @ w[N, K]^T (+ bias). Each output is summed over K in one fixed order whatever M
- * is and wherever its row sits in the batch (two 8-lane accumulators, blocks in order, the same
- * final reduction): the kernels are row-invariant by construction. Rows are taken 4 at a time, so a
- * block is rebuilt once for up to 4 rows; threads split the output columns.
+ * y[M, N] = x[M, K] @ w[N, K]^T (+ bias). Threads split the output columns in tiles of 4. Up to 4
+ * rows, each block is rebuilt in registers and multiplied at once; beyond, a tile's weights are
+ * rebuilt once into a buffer and rows run against it 3 rows x 2 columns at a time. Each output is
+ * summed over K in one fixed order whatever M is and wherever its row sits in the batch (see
+ * DEFINE_TILE): the kernels are row-invariant by construction.
  *
  * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp -mavx2 -mfma).
  */
@@ -19,7 +20,6 @@
 #include <stdint.h>
 
 #define QK 32      /* weights per block */
-#define MAXR 4     /* input rows per pass over a weight row */
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -51,12 +51,85 @@ static inline void q8_0_block(const int8_t* qs, const float* d_, __m256* w) {
     }
 }
 
-/* out[r] = sum_k x[r][k] * w[n][k] for R (1..4) rows: the same operations per row for any R
- * (R is a constant in each copy, so the accumulators stay in registers). QBYTES/SCALES: bytes of
- * q and floats of scale per block; BLOCK: the decoder above. */
-#define DEFINE_DOT(NAME, R, QTYPE, QBYTES, SCALES, BLOCK)                                           \
+#define TC 4       /* output columns per tile: their weights are rebuilt once into a buffer */
+#define TR 3       /* input rows per pass over the buffer, 2 columns at a time: 12 accumulators */
+#define DIRECT_ROWS 4  /* up to this many rows, no buffer: blocks are rebuilt in registers */
+#define MAXK 8192  /* the buffer's columns (K beyond: the caller takes torch's path) */
+
+/* The tile's weights, rebuilt into buf[c * K + k] (float32, exactly the dequantized values). */
+#define DEFINE_REBUILD(NAME, QTYPE, QBYTES, SCALES, BLOCK)                                          \
+    static inline void NAME(const QTYPE* qs, const float* sc, int64_t nb, int cols, float* buf) {   \
+        for (int c = 0; c < cols; c++)                                                              \
+            for (int64_t b = 0; b < nb; b++) {                                                      \
+                __m256 w[4];                                                                        \
+                BLOCK(qs + (c * nb + b) * (QBYTES), sc + (c * nb + b) * (SCALES), w);               \
+                float* o = buf + c * nb * QK + b * QK;                                              \
+                _mm256_storeu_ps(o, w[0]);                                                          \
+                _mm256_storeu_ps(o + 8, w[1]);                                                      \
+                _mm256_storeu_ps(o + 16, w[2]);                                                     \
+                _mm256_storeu_ps(o + 24, w[3]);                                                     \
+            }                                                                                       \
+    }
+
+DEFINE_REBUILD(rebuild_q4_1, uint8_t, 16, 2, q4_1_block)
+DEFINE_REBUILD(rebuild_q8_0, int8_t, 32, 1, q8_0_block)
+
+/* y[r][c] = sum_k x[r][k] * buf[c][k] for R rows and C columns (constants in each copy). The
+ * order of every output's sum, here and in the direct kernels below: two 8-lane accumulators, the
+ * first over K's even 8-wide chunks in order, the second over its odd ones, then one reduction of
+ * their sum. It is the same for any R, C and tile position: rows do not see each other. */
+#define DEFINE_TILE(R, C)                                                                           \
+    static inline void tile_##R##_##C(const float* x, int64_t ldx, const float* buf, int64_t K,     \
+                                      float* y, int64_t ldy) {                                      \
+        __m256 a0[R][C], a1[R][C];                                                                  \
+        for (int r = 0; r < R; r++)                                                                 \
+            for (int c = 0; c < C; c++) a0[r][c] = a1[r][c] = _mm256_setzero_ps();                  \
+        for (int64_t k = 0; k < K; k += 16) {                                                       \
+            __m256 xv[R];                                                                           \
+            for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + r * ldx + k);                   \
+            for (int c = 0; c < C; c++) {                                                           \
+                const __m256 wv = _mm256_loadu_ps(buf + c * K + k);                                 \
+                for (int r = 0; r < R; r++) a0[r][c] = _mm256_fmadd_ps(wv, xv[r], a0[r][c]);        \
+            }                                                                                       \
+            for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + r * ldx + k + 8);               \
+            for (int c = 0; c < C; c++) {                                                           \
+                const __m256 wv = _mm256_loadu_ps(buf + c * K + k + 8);                             \
+                for (int r = 0; r < R; r++) a1[r][c] = _mm256_fmadd_ps(wv, xv[r], a1[r][c]);        \
+            }                                                                                       \
+        }                                                                                           \
+        for (int r = 0; r < R; r++)                                                                 \
+            for (int c = 0; c < C; c++) y[r * ldy + c] = hsum8(_mm256_add_ps(a0[r][c], a1[r][c]));  \
+    }
+
+DEFINE_TILE(1, 1) DEFINE_TILE(2, 1) DEFINE_TILE(3, 1)
+DEFINE_TILE(1, 2) DEFINE_TILE(2, 2) DEFINE_TILE(3, 2)
+
+static inline void tiles(const float* x, int64_t ldx, int64_t M, const float* buf, int64_t K, int cols,
+                         float* y, int64_t ldy) {
+    for (int64_t r0 = 0; r0 < M; r0 += TR) {
+        const int64_t rows = M - r0 < TR ? M - r0 : TR;
+        const float* xr = x + r0 * ldx;
+        float* yr = y + r0 * ldy;
+        int c = 0;
+        for (; c + 2 <= cols; c += 2) {
+            if (rows == 3) tile_3_2(xr, ldx, buf + c * K, K, yr + c, ldy);
+            else if (rows == 2) tile_2_2(xr, ldx, buf + c * K, K, yr + c, ldy);
+            else tile_1_2(xr, ldx, buf + c * K, K, yr + c, ldy);
+        }
+        for (; c < cols; c++) {
+            if (rows == 3) tile_3_1(xr, ldx, buf + c * K, K, yr + c, ldy);
+            else if (rows == 2) tile_2_1(xr, ldx, buf + c * K, K, yr + c, ldy);
+            else tile_1_1(xr, ldx, buf + c * K, K, yr + c, ldy);
+        }
+    }
+}
+
+/* The same sums for up to 4 rows without the buffer: each block of a column is rebuilt in registers
+ * and multiplied at once (a decode step of a few sequences reads its weights straight from memory;
+ * writing them to a buffer first would cost more than the multiply). */
+#define DEFINE_DIRECT_R(NAME, R, QTYPE, QBYTES, SCALES, BLOCK)                                      \
     static inline void NAME##_##R(const float* x, int64_t ldx, const QTYPE* qs, const float* sc,    \
-                                  int64_t nb, float* out) {                                         \
+                                  int64_t nb, float* y, int64_t ldy) {                              \
         __m256 a0[R], a1[R];                                                                        \
         for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();                            \
         for (int64_t b = 0; b < nb; b++) {                                                          \
@@ -72,50 +145,65 @@ static inline void q8_0_block(const int8_t* qs, const float* d_, __m256* w) {
                 a1[r] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), a1[r]);                     \
             }                                                                                       \
         }                                                                                           \
-        for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(a0[r], a1[r]));                    \
+        for (int r = 0; r < R; r++) y[r * ldy] = hsum8(_mm256_add_ps(a0[r], a1[r]));                \
     }
 
-#define DEFINE_DOTS(NAME, QTYPE, QBYTES, SCALES, BLOCK)                                             \
-    DEFINE_DOT(NAME, 1, QTYPE, QBYTES, SCALES, BLOCK)                                               \
-    DEFINE_DOT(NAME, 2, QTYPE, QBYTES, SCALES, BLOCK)                                               \
-    DEFINE_DOT(NAME, 3, QTYPE, QBYTES, SCALES, BLOCK)                                               \
-    DEFINE_DOT(NAME, 4, QTYPE, QBYTES, SCALES, BLOCK)                                               \
-    static inline void NAME(const float* x, int64_t ldx, int rows, const QTYPE* qs, const float* sc, \
-                            int64_t nb, float* out) {                                               \
-        switch (rows) {                                                                             \
-            case 1: NAME##_1(x, ldx, qs, sc, nb, out); break;                                       \
-            case 2: NAME##_2(x, ldx, qs, sc, nb, out); break;                                       \
-            case 3: NAME##_3(x, ldx, qs, sc, nb, out); break;                                       \
-            default: NAME##_4(x, ldx, qs, sc, nb, out); break;                                      \
+#define DEFINE_DIRECT(NAME, QTYPE, QBYTES, SCALES, BLOCK)                                           \
+    DEFINE_DIRECT_R(NAME, 1, QTYPE, QBYTES, SCALES, BLOCK)                                          \
+    DEFINE_DIRECT_R(NAME, 2, QTYPE, QBYTES, SCALES, BLOCK)                                          \
+    DEFINE_DIRECT_R(NAME, 3, QTYPE, QBYTES, SCALES, BLOCK)                                          \
+    DEFINE_DIRECT_R(NAME, 4, QTYPE, QBYTES, SCALES, BLOCK)                                          \
+    static inline void NAME(const float* x, int64_t ldx, int64_t rows, const QTYPE* qs,            \
+                            const float* sc, int64_t nb, int cols, float* y, int64_t ldy) {         \
+        for (int c = 0; c < cols; c++) {                                                            \
+            const QTYPE* qc = qs + c * nb * (QBYTES);                                               \
+            const float* scc = sc + c * nb * (SCALES);                                              \
+            switch (rows) {                                                                         \
+                case 1: NAME##_1(x, ldx, qc, scc, nb, y + c, ldy); break;                           \
+                case 2: NAME##_2(x, ldx, qc, scc, nb, y + c, ldy); break;                           \
+                case 3: NAME##_3(x, ldx, qc, scc, nb, y + c, ldy); break;                           \
+                default: NAME##_4(x, ldx, qc, scc, nb, y + c, ldy); break;                          \
+            }                                                                                       \
         }                                                                                           \
     }
 
-DEFINE_DOTS(dot_q4_1, uint8_t, 16, 2, q4_1_block)
-DEFINE_DOTS(dot_q8_0, int8_t, 32, 1, q8_0_block)
+DEFINE_DIRECT(direct_q4_1, uint8_t, 16, 2, q4_1_block)
+DEFINE_DIRECT(direct_q8_0, int8_t, 32, 1, q8_0_block)
 
-/* The body of a linear over blocks: threads split the output columns, rows go 4 at a time. */
-#define LINEAR_BODY(DOT, QTYPE, QBYTES, SCALES)                                                     \
+/* The body of a linear over blocks: threads split the column tiles; each tile's weights are
+ * rebuilt once into a per-thread buffer, then every row runs against it. */
+#define LINEAR_BODY(REBUILD, DIRECT, QTYPE, QBYTES, SCALES)                                                 \
     const int64_t nb = K / QK;                                                                      \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                               \
-    for (int64_t n = 0; n < N; n++) {                                                               \
-        const QTYPE* qn = (const QTYPE*)qs + n * nb * (QBYTES);                                     \
-        const float* sn = scales + n * nb * (SCALES);                                               \
-        for (int64_t r0 = 0; r0 < M; r0 += MAXR) {                                                  \
-            const int rows = (int)(M - r0 < MAXR ? M - r0 : MAXR);                                  \
-            float out[MAXR];                                                                        \
-            DOT(x + r0 * ldx, ldx, rows, qn, sn, nb, out);                                          \
-            for (int r = 0; r < rows; r++) y[(r0 + r) * N + n] = bias ? out[r] + bias[n] : out[r];  \
+    const int64_t ntiles = (N + TC - 1) / TC;                                                       \
+    _Pragma("omp parallel num_threads(threads)")                                                    \
+    {                                                                                               \
+        float buf[TC * MAXK] __attribute__((aligned(32)));                                          \
+        _Pragma("omp for schedule(static)")                                                         \
+        for (int64_t t = 0; t < ntiles; t++) {                                                      \
+            const int64_t n0 = t * TC;                                                              \
+            const int cols = (int)(N - n0 < TC ? N - n0 : TC);                                      \
+            const QTYPE* qt = (const QTYPE*)qs + n0 * nb * (QBYTES);                                \
+            const float* st = scales + n0 * nb * (SCALES);                                          \
+            if (M <= DIRECT_ROWS) {                                                                           \
+                DIRECT(x, ldx, M, qt, st, nb, cols, y + n0, N);                                     \
+            } else {                                                                                \
+                REBUILD(qt, st, nb, cols, buf);                                                     \
+                tiles(x, ldx, M, buf, K, cols, y + n0, N);                                          \
+            }                                                                                       \
+            if (bias)                                                                               \
+                for (int64_t r = 0; r < M; r++)                                                     \
+                    for (int c = 0; c < cols; c++) y[r * N + n0 + c] += bias[n0 + c];               \
         }                                                                                           \
     }
 
-/* Q4_1 weights: qs [N, K/32, 16] bytes, scales [N, K/32, 2] (d, m) float32. K % 32 == 0. */
+/* Q4_1 weights: qs [N, K/32, 16] bytes, scales [N, K/32, 2] (d, m) float32. K % 32 == 0, K <= 8192. */
 void parrot_linear_q4_1(const float* x, int64_t ldx, const uint8_t* qs, const float* scales, const float* bias,
                         float* y, int64_t M, int64_t N, int64_t K, int threads) {
-    LINEAR_BODY(dot_q4_1, uint8_t, 16, 2)
+    LINEAR_BODY(rebuild_q4_1, direct_q4_1, uint8_t, 16, 2)
 }
 
-/* Q8_0 weights: qs [N, K/32, 32] signed bytes, scales [N, K/32] (d) float32. K % 32 == 0. */
+/* Q8_0 weights: qs [N, K/32, 32] signed bytes, scales [N, K/32] (d) float32. K % 32 == 0, K <= 8192. */
 void parrot_linear_q8_0(const float* x, int64_t ldx, const int8_t* qs, const float* scales, const float* bias,
                         float* y, int64_t M, int64_t N, int64_t K, int threads) {
-    LINEAR_BODY(dot_q8_0, int8_t, 32, 1)
+    LINEAR_BODY(rebuild_q8_0, direct_q8_0, int8_t, 32, 1)
 }

@@ -10,7 +10,7 @@ rebuilt bit for bit, so the kernels multiply by exactly the model's float32 weig
 random test model) keeps torch's path.
 
 `BlockLinear` and `BlockLMHead` run steps of up to `MAX_ROWS` rows on the kernels and larger ones
-(prefill chunks) on torch's float32 matmul, which is faster there; their `ROW_INVARIANT` versions
+(prefill chunks) on torch's float32 matmul, which catches up there; their `ROW_INVARIANT` versions
 (the batch-invariant mode) run every row count on the kernels, whose per-row sum does not depend on
 the other rows. `apply_blocks(model)` swaps them in for a float32 model's projections and LM head.
 """
@@ -28,8 +28,8 @@ from parrot.engine.kernels import library
 from parrot.engine.model.layers import Linear, LMHead
 
 QK = 32  # weights per block
-MAX_ROWS = 8  # above this torch's float32 matmul is faster than the block kernels (prefill)
-HEAD_MAX_ROWS = 64  # the LM head's weight is 8x the biggest projection's: the kernels win longer
+MAX_ROWS = 64  # up to here the kernels beat torch's float32 matmul (a whole pass: 1.2x at 64 rows)
+MAX_K = 8192  # the kernels' buffer of rebuilt weights holds 4 columns of this many
 _STEPS = (0, 1, -1, 2, -2)  # half-float steps around the estimated scale tried for a block
 
 
@@ -141,7 +141,9 @@ def block_linear(x: torch.Tensor, blocks: BlockWeight, bias: torch.Tensor | None
         x = x.contiguous()
     y = torch.empty(m, blocks.out_features, dtype=torch.float32)
     fn = lib.parrot_linear_q4_1 if blocks.kind == "q4_1" else lib.parrot_linear_q8_0
-    bias_ptr = None if bias is None else bias.contiguous().data_ptr()
+    if bias is not None:
+        bias = bias.contiguous()  # held until the call returns
+    bias_ptr = None if bias is None else bias.data_ptr()
     fn(
         x.data_ptr(),
         x.stride(0),
@@ -172,13 +174,14 @@ class _Encoded:
         return self.blocks
 
 
-def _runs_on_blocks(x: torch.Tensor, blocks: BlockWeight | None, row_invariant: bool, max_rows: int) -> bool:
+def _runs_on_blocks(x: torch.Tensor, blocks: BlockWeight | None, row_invariant: bool) -> bool:
     return (
         blocks is not None
+        and blocks.in_features <= MAX_K
         and x.dim() == 2
         and x.dtype == torch.float32
         and x.device.type == "cpu"
-        and (row_invariant or x.shape[0] <= max_rows)
+        and (row_invariant or x.shape[0] <= MAX_ROWS)
         and not torch.is_grad_enabled()
     )
 
@@ -207,7 +210,7 @@ class BlockLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         blocks = self.blocks
-        if _runs_on_blocks(x, blocks, self.ROW_INVARIANT, MAX_ROWS):
+        if _runs_on_blocks(x, blocks, self.ROW_INVARIANT):
             assert blocks is not None
             return block_linear(x, blocks, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -232,7 +235,7 @@ class BlockLMHead(LMHead):
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         w = self.head_weight(embed_weight)
         blocks = self.encoded.get(w)
-        if _runs_on_blocks(hidden, blocks, self.ROW_INVARIANT, HEAD_MAX_ROWS):
+        if _runs_on_blocks(hidden, blocks, self.ROW_INVARIANT):
             assert blocks is not None
             return block_linear(hidden, blocks)
         return F.linear(hidden, w)
