@@ -24,7 +24,9 @@ import torch
 
 from benchmarks.peers.parrot_engine import ParrotEngineProbe
 from parrot.engine.config import resolve_dtype
+from parrot.engine.kernels.blocks import BlockLinear, BlockLMHead
 from parrot.engine.model.config import ModelConfig
+from parrot.engine.model.layers import Linear
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 
 OUT = Path("bench_results/engine")
@@ -47,8 +49,11 @@ def memory_bandwidth_gbs(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
     return 2 * num_bytes / best / 1e9
 
 
-def decode_step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, context_len: int) -> int:
-    """Bytes one decode step must read: every weight once, plus each sequence's KV."""
+def decode_step_bytes(
+    cfg: ModelConfig, dtype_bytes: int, batch: int, context_len: int, weight_bytes: int | None = None
+) -> int:
+    """Bytes one decode step must read: every weight once (`weight_bytes` where the engine reads
+    them in another form, e.g. the block kernels' 4/8-bit blocks), plus each sequence's KV."""
     h, q, kv, inter = (
         cfg.hidden_size,
         cfg.num_heads * cfg.head_dim,
@@ -56,9 +61,21 @@ def decode_step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, context_le
         cfg.intermediate_size,
     )
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
-    weights = cfg.num_layers * per_layer + cfg.vocab_size * h
+    if weight_bytes is None:
+        weight_bytes = (cfg.num_layers * per_layer + cfg.vocab_size * h) * dtype_bytes
     kv_bytes = 2 * cfg.num_layers * kv * context_len * batch
-    return (weights + kv_bytes) * dtype_bytes
+    return weight_bytes + kv_bytes * dtype_bytes
+
+
+def read_weight_bytes(model: torch.nn.Module) -> int | None:
+    """What a decode step reads of the engine's projections and LM head when they run on the block
+    kernels (their encodings' size), else None (the dtype's size)."""
+    pieces = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockLMHead))]
+    if not pieces:
+        return None
+    encoded = sum(b.nbytes for m in pieces if (b := m.encoded.blocks) is not None)
+    others = [m.weight for m in model.modules() if isinstance(m, Linear) and not isinstance(m, BlockLinear)]
+    return encoded + sum(w.numel() * w.element_size() for w in others)
 
 
 def run_probe(name: str, probe: Probe, lengths: list[int], batches: list[int], new_tokens: int) -> dict[str, Any]:
@@ -95,6 +112,8 @@ def main() -> None:
     }
     print(f"engine benchmark: {DEFAULT_MODEL} {a.dtype}, prefill {lengths}, decode batches {batches}", flush=True)
     probe = ParrotEngineProbe(str(folder), a.dtype)
+    results["native_kernels"] = probe.engine.native_kernels
+    weight_bytes = read_weight_bytes(probe.engine.model)
     try:
         results["peers"]["parrot"] = run_probe("parrot", probe, lengths, batches, new_tokens)
     finally:
@@ -121,7 +140,7 @@ def main() -> None:
     parrot = results["peers"]["parrot"]["decode_tok_s"]
     results["memory_bandwidth_gbs"] = bw
     results["decode_bandwidth_use"] = {
-        b: decode_step_bytes(cfg, dtype_bytes, b, 32 + new_tokens // 2) * (tps / b) / 1e9 / bw
+        b: decode_step_bytes(cfg, dtype_bytes, b, 32 + new_tokens // 2, weight_bytes) * (tps / b) / 1e9 / bw
         for b, tps in parrot.items()
     }
     OUT.mkdir(parents=True, exist_ok=True)
@@ -135,7 +154,8 @@ def markdown(r: dict[str, Any]) -> str:
     others = [p for p in peers if p != "parrot"]
     head = "| metric | parrot | " + " | ".join(others) + " | " + " | ".join(f"parrot / {p}" for p in others) + " |"
     lines = [
-        f"Model {r['model']}, {r['dtype']}, {r['threads']} threads. Throughput in tokens/s.",
+        f"Model {r['model']}, {r['dtype']}, {r['threads']} threads, parrot's kernels: "
+        f"{r.get('native_kernels', 'not recorded')}. Throughput in tokens/s.",
         "",
         head,
         "|" + "---|" * (2 + 2 * len(others)),

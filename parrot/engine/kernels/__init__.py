@@ -50,12 +50,11 @@ from parrot.engine.kernels.transform import NativeReport, apply_native
 
 __all__ = [
     "AMX_MAX_ROWS",
+    "DOT_MAX_ROWS",
+    "SIGNATURES",
     "BlockLMHead",
     "BlockLinear",
     "BlocksReport",
-    "apply_blocks",
-    "DOT_MAX_ROWS",
-    "SIGNATURES",
     "CascadePieces",
     "FusedDecoderLayer",
     "NativeReport",
@@ -64,6 +63,7 @@ __all__ = [
     "add_rms_norm",
     "amx_available",
     "apply_batch_invariant",
+    "apply_blocks",
     "apply_native",
     "argmax_logsumexp",
     "available",

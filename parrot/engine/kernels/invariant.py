@@ -29,13 +29,16 @@ class RowInvariantLMHead(NativeLMHead):
     ROW_INVARIANT = True
 
 
+ROW_INVARIANT_PIECES = (RowInvariantLinear, RowInvariantLMHead, RowInvariantBlockLinear, RowInvariantBlockLMHead)
+
+
 def apply_batch_invariant(model: nn.Module) -> int:
     """Swap every projection and the LM head (torch or native) for its row-invariant version;
     returns how many modules were replaced."""
     num_replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, (RowInvariantLinear, RowInvariantLMHead, RowInvariantBlockLinear, RowInvariantBlockLMHead)):
+            if isinstance(child, ROW_INVARIANT_PIECES):
                 continue
             new: nn.Module
             if isinstance(child, BlockLinear):  # float32 over blocks: the block kernels at every row count

@@ -1,0 +1,38 @@
+"""The engine benchmark's bandwidth arithmetic: a decode step reads every weight once in the form
+the engine keeps it (the block kernels' encodings where they run), plus each sequence's KV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.engine_bench import decode_step_bytes, read_weight_bytes
+from parrot.engine.kernels import blocks, library
+from parrot.engine.model.loader import load_model
+from tests.engine.test_block_kernels import block_model
+
+
+def test_a_step_reads_the_weights_in_the_dtype_and_the_kv(tiny_model_folder: Path) -> None:
+    cfg = load_model(tiny_model_folder, torch.float32).cfg
+    h, kv, q = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.num_heads * cfg.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
+    weights = cfg.num_layers * per_layer + cfg.vocab_size * h
+    kv_bytes = 2 * cfg.num_layers * kv * 10 * 3
+    assert decode_step_bytes(cfg, 4, batch=3, context_len=10) == (weights + kv_bytes) * 4
+    assert decode_step_bytes(cfg, 4, batch=3, context_len=10, weight_bytes=1000) == 1000 + kv_bytes * 4
+
+
+@pytest.mark.skipif(library.blocks_library() is None, reason=library.blocks_status())
+def test_block_pieces_are_counted_at_their_encodings_size(tiny_model_folder: Path) -> None:
+    model = block_model(tiny_model_folder)
+    assert read_weight_bytes(model) is None  # torch pieces: the dtype's size
+    blocks.apply_blocks(model)
+    pieces = [m for m in model.modules() if isinstance(m, (blocks.BlockLinear, blocks.BlockLMHead))]
+    expected = 0
+    for m in pieces:
+        encoded = m.encoded.blocks
+        assert encoded is not None
+        expected += encoded.nbytes
+    assert read_weight_bytes(model) == expected
