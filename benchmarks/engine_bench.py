@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--out", type=Path, default=OUT, help="where engine.{json,md} go (one folder per kind of CPU)")
     a = ap.parse_args()
     a.dtype = resolve_dtype(a.dtype)  # every engine in the same dtype
     lengths = [128, 512] if a.quick else [128, 512, 2048]
@@ -143,9 +144,9 @@ def main() -> None:
         b: decode_step_bytes(cfg, dtype_bytes, b, 32 + new_tokens // 2, weight_bytes) * (tps / b) / 1e9 / bw
         for b, tps in parrot.items()
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "engine.json").write_text(json.dumps(results, indent=1))
-    (OUT / "engine.md").write_text(markdown(results))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "engine.json").write_text(json.dumps(results, indent=1))
+    (a.out / "engine.md").write_text(markdown(results))
     print(markdown(results))
 
 
