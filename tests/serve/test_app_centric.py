@@ -167,6 +167,27 @@ def test_early_fills_go_where_the_call_will_run() -> None:
     assert plan(waiting, engines, early_fill=False).early_fill == ()
 
 
+def test_early_fills_without_affinity_spread_by_fewest_early_fills_until_every_engine_is_full() -> None:
+    engines = [
+        engine("e0", early=1, early_cap=2),
+        engine("e1", early_cap=2),
+        engine("e2", early_cap=2),
+        engine("dead", alive=False),
+        engine("other", model="x"),
+    ]
+    cold = [ready(f"app{i}", "c", i, inputs_ready=False, num_ready_pieces=1) for i in range(6)]
+    stranded = ready("z", "pinned", 9, inputs_ready=False, num_ready_pieces=1, engine_id="dead", pinned=True)
+    p = plan([*cold, stranded], engines)
+    # e1, e2 (0 each, by id), then e0, e1, e2 at 1 each; e0 is then full and so is every other.
+    assert [(f.key[0], f.engine_id) for f in p.early_fill] == [
+        ("app0", "e1"),
+        ("app1", "e2"),
+        ("app2", "e0"),
+        ("app3", "e1"),
+        ("app4", "e2"),
+    ]
+
+
 def test_a_tenant_under_its_share_is_not_kept_behind_another_tenants_flood() -> None:
     # Tenant a fills e0 (4 of 4 running, throughput); b's one call, submitted last, still runs now
     # (a little room over the cap for a tenant under its share) and a's waiting calls stay blocked.

@@ -264,28 +264,65 @@ def _reserve(call: CallView, engines: dict[str, EngineView], load: _Load) -> Non
 
 def _early_fills(snapshot: Snapshot, engines: dict[str, EngineView], load: _Load) -> list[EarlyFill]:
     out: list[EarlyFill] = []
+    spare: dict[str, list[tuple[int, str]]] = {}  # model -> heap of (early fills, engine id), stale skipped
     for call in sorted(snapshot.calls, key=lambda c: c.order):
         if call.failed_var_id is not None or call.inputs_ready or call.num_ready_pieces <= call.num_filled_pieces:
             continue
         engine_id = call.engine_id
         if engine_id is None or not engines[engine_id].alive:
-            hits = dict(call.prefix_hits)
-            group_at = load.group_at(call.task_group)
-            app_at = load.app_at(call.key[0])
-            room = [e for e in _candidates(call, engines) if load.early[e.engine_id] < e.max_early_filled_calls]
-            if not room:
+            engine_id = _early_engine(call, engines, load, spare)
+            if engine_id is None:
                 continue
-            engine_id = min(
-                room,
-                key=lambda e: (
-                    -hits.get(e.engine_id, 0),
-                    e.engine_id not in group_at,
-                    e.engine_id not in app_at,
-                    load.early[e.engine_id],
-                    e.engine_id,
-                ),
-            ).engine_id
             load.early[engine_id] += 1
             load.apps.setdefault(call.key[0], set()).add(engine_id)
         out.append(EarlyFill(call.key, engine_id, call.num_ready_pieces))
     return out
+
+
+def _early_engine(
+    call: CallView, engines: dict[str, EngineView], load: _Load, spare: dict[str, list[tuple[int, str]]]
+) -> str | None:
+    """Where a waiting call's early fill goes: among the live engines of its model with early-fill
+    room, the one holding its longest cached prefix, then its task group's, its app's, then the
+    fewest early fills. As in `_best`, only the few engines with an affinity are looked at one by
+    one (any of them beats every other); the rest come from a heap, so 10k waiting calls do not
+    each scan every engine."""
+    if call.pinned:  # its context is on a dead engine: nowhere to fill early
+        return None
+
+    def has_room(e: EngineView | None) -> bool:
+        return (
+            e is not None and e.model == call.model and e.alive and load.early[e.engine_id] < e.max_early_filled_calls
+        )
+
+    hits = dict(call.prefix_hits)
+    group_at = load.group_at(call.task_group)
+    app_at = load.app_at(call.key[0])
+    near = {i for i, n in hits.items() if n > 0} | group_at | app_at
+    fitting = [e for e in (engines.get(i) for i in near) if has_room(e)]
+    if fitting:
+        return min(
+            fitting,
+            key=lambda e: (
+                -hits.get(e.engine_id, 0),
+                e.engine_id not in group_at,
+                e.engine_id not in app_at,
+                load.early[e.engine_id],
+                e.engine_id,
+            ),
+        ).engine_id
+    heap = spare.get(call.model)
+    if heap is None:
+        heap = [(load.early[e.engine_id], e.engine_id) for e in engines.values() if e.model == call.model and e.alive]
+        heapq.heapify(heap)
+        spare[call.model] = heap
+    while heap:
+        early, engine_id = heap[0]
+        if early != load.early[engine_id]:  # filled since it was pushed: again with its count now
+            heapq.heapreplace(heap, (load.early[engine_id], engine_id))
+            continue
+        if early >= engines[engine_id].max_early_filled_calls:
+            heapq.heappop(heap)  # full: counts only grow within a plan
+            continue
+        return engine_id
+    return None
