@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import load_paper_workloads
 from benchmarks.sim.cluster import CONFIGS, tokenizer_folder
-from benchmarks.sim.suite import COMPARISONS, GPTS_THRESHOLD_MS, Comparison, Result, points, run_point
+from benchmarks.sim.suite import COMPARISONS, GPTS_THRESHOLD_MS, Comparison, Point, Result, points, run_point
 from benchmarks.sim.words import Words
 from parrot.sim import profiles
 from parrot.text import Tokenizer
@@ -81,6 +81,12 @@ def ratio_of(c: Comparison, table: dict[tuple[str, str], dict[str, float]]) -> f
         if (p, "parrot") in table and (p, c.baseline) in table
     ]
     return max(ratios) if ratios else None
+
+
+def past_limit(point: Point, result: Result) -> bool:
+    """`result` is over its sweep's limit (`Point.stop_over`): its configuration is not run at the
+    sweep's later points."""
+    return point.stop_over is not None and result.metrics[point.stop_over[0]] > point.stop_over[1]
 
 
 def sustainable_rate(c: Comparison, table: dict[tuple[str, str], dict[str, float]], config: str) -> float | None:
@@ -223,20 +229,21 @@ def main() -> None:
     if args.redo:
         results = [r for r in results if r.point not in {p.key for p in todo}]
     done = {(r.point, r.config) for r in results}
-    over: set[str] = set()  # configurations past the GPTs threshold at a lower rate: not run higher
+    over: set[tuple[str, str]] = set()  # (figure, configuration) past its sweep's limit: not run further
     args.out.mkdir(parents=True, exist_ok=True)
     for point in [] if args.table_only else todo:
         for config in point.configs:
             if (point.key, config) in done:
                 continue
-            if point.key.startswith("gpts/") and config in over:
-                print(f"{point.key:22} {config:13} not run: over {GPTS_THRESHOLD_MS:g} ms/token at a lower rate")
+            if point.stop_over is not None and (point.figure, config) in over:
+                metric, limit = point.stop_over
+                print(f"{point.key:22} {config:13} not run: {metric} over {limit:g} at an earlier point")
                 continue
             result = run_point(point, config, rtt, words)
             results.append(result)
             saved.write_text(json.dumps({"meta": {}, "results": [asdict(r) for r in results]}, indent=1))
-            if point.key.startswith("gpts/") and result.metrics["norm_latency_ms"] > GPTS_THRESHOLD_MS:
-                over.add(config)
+            if past_limit(point, result):
+                over.add((point.figure, config))
             took = f"virtual {result.virtual_s:.1f} s, wall {result.wall_s:.1f} s"
             print(f"{point.key:22} {config:13} {result.metrics}  {took}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import sim_paper
 from benchmarks.apps import multi_agent
 from benchmarks.baselines import render_prompt
 from benchmarks.netsim import RttModel
+from benchmarks.scaling import load_paper_workloads
 from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref, run_app, tokenizer_folder
-from benchmarks.sim.suite import Comparison
+from benchmarks.sim.suite import GPTS_THRESHOLD_MS, Comparison, Result, points
 from benchmarks.sim.words import Words
 from benchmarks.sim.workloads import run_gpts, template_call
 from benchmarks.sim_fit_cpu import profile_toml
@@ -113,3 +115,16 @@ def test_the_cpu_fit_becomes_the_cost_models_terms() -> None:
     # A step faster than its weights at that bandwidth: the bandwidth is lowered, no overhead left.
     fp32 = profile_toml("x", profiles.model("smollm2-135m-fp32"), 20.0, 2.0, 3.0, 20.0)
     assert "step_overhead_ms = 0.00" in fp32 and "mem_bw_gbps = 26.9" in fp32
+
+
+def test_a_gpts_sweep_stops_a_configuration_past_its_limit_and_others_do_not() -> None:
+    pts = {p.key: p for p in points(load_paper_workloads(), quick=True)}
+    gpts, chain = pts["gpts/4"], next(p for k, p in pts.items() if k.startswith("chain/"))
+    assert gpts.stop_over == ("norm_latency_ms", GPTS_THRESHOLD_MS) and chain.stop_over is None
+
+    def result(point: str, latency: float) -> Result:
+        return Result(point, "b", {"norm_latency_ms": latency, "jct_s": 1e9}, 1.0, 1.0)
+
+    assert sim_paper.past_limit(gpts, result("gpts/4", GPTS_THRESHOLD_MS + 1))
+    assert not sim_paper.past_limit(gpts, result("gpts/4", GPTS_THRESHOLD_MS))
+    assert not sim_paper.past_limit(chain, result(chain.key, 1e9))
