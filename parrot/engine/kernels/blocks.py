@@ -261,14 +261,15 @@ class BlocksReport:
         return self.num_replaced > 0
 
 
-def apply_blocks(model: nn.Module, row_invariant: bool = False) -> BlocksReport:
+def apply_blocks(model: nn.Module) -> BlocksReport:
     """Swap a float32 model's projections and LM head, in place, for block pieces where their weight
-    is an exact block encoding (encoded now, once); leave the rest, and say why when nothing is."""
+    is an exact block encoding (encoded now, once); leave the rest, and say why when nothing is.
+    (`apply_batch_invariant` then swaps them for their row-invariant versions, keeping the encodings.)"""
     if {p.dtype for p in model.parameters()} != {torch.float32}:
         return BlocksReport("unavailable: the block kernels take float32 models")
     if library.blocks_library() is None:
         return BlocksReport(library.blocks_status())
-    linear, head = (RowInvariantBlockLinear, RowInvariantBlockLMHead) if row_invariant else (BlockLinear, BlockLMHead)
+    linear, head = BlockLinear, BlockLMHead
     embed = getattr(model, "embed", None)
     num_replaced = num_weights = encoded_bytes = float_bytes = 0
     for parent in list(model.modules()):
