@@ -51,6 +51,11 @@ class ModelProfile:
     vocab: int
     tied_embeddings: bool
     dtype_bytes: int
+    # Bits a step streams per weight where the engine reads them in another form than the dtype
+    # (the builtin engine's block kernels: 4-bit blocks of the body, 8-bit ones of the LM head); 0:
+    # the dtype's.
+    body_bits: float = 0.0
+    head_bits: float = 0.0
 
     @property
     def body_params(self) -> int:
@@ -65,13 +70,17 @@ class ModelProfile:
     @property
     def weight_bytes(self) -> int:
         """Bytes a step streams: body and LM head (the embedding is a lookup of a few rows)."""
-        return (self.body_params + self.head_params) * self.dtype_bytes
+        body = self.body_params * (self.body_bits / 8 if self.body_bits else self.dtype_bytes)
+        head = self.head_params * (self.head_bits / 8 if self.head_bits else self.dtype_bytes)
+        return round(body + head)
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes the weights occupy (an untied embedding is a second vocab x hidden matrix)."""
+        """Bytes the weights occupy in the dtype (an untied embedding is a second vocab x hidden
+        matrix), the streamed forms of `body_bits` / `head_bits` besides."""
         embed = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.weight_bytes + embed * self.dtype_bytes
+        dense = (self.body_params + self.head_params + embed) * self.dtype_bytes
+        return dense + (self.weight_bytes if self.body_bits or self.head_bits else 0)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from parrot.sim import profiles
@@ -24,6 +26,16 @@ CPU = HardwareProfile("toy-cpu", "", peak_tflops=1e-6, mem_gb=1.0, mem_bw_gbps=1
 def test_derived_model_sizes() -> None:
     assert [MODEL.body_params, MODEL.head_params, MODEL.weight_bytes] == [1280, 80, 1360]
     assert [MODEL.kv_bytes_per_token, MODEL.attention_flops_per_pair] == [32, 64]
+
+
+def test_weights_streamed_as_blocks() -> None:
+    # 4-bit blocks of the body (6 bits a weight with their scales), 8-bit of the head (9 bits):
+    # 1280 x 6 / 8 + 80 x 9 / 8 = 960 + 90 bytes a step; KV stays in the dtype.
+    blocks = dataclasses.replace(MODEL, body_bits=6.0, head_bits=9.0)
+    assert [blocks.weight_bytes, blocks.kv_bytes_per_token, blocks.stored_bytes] == [1050, 32, 1360 + 1050]
+    real = profiles.model("smollm2-135m-blocks")  # the default model's 106 MiB of blocks
+    assert real.weight_bytes == round(real.body_params * 0.75 + real.head_params * 1.125)
+    assert 105 << 20 < real.weight_bytes < 107 << 20
 
 
 def test_prefill_chunk_is_compute_bound_by_hand() -> None:
