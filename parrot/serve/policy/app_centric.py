@@ -290,16 +290,14 @@ def _early_engine(
     if call.pinned:  # its context is on a dead engine: nowhere to fill early
         return None
 
-    def has_room(e: EngineView | None) -> bool:
-        return (
-            e is not None and e.model == call.model and e.alive and load.early[e.engine_id] < e.max_early_filled_calls
-        )
+    def has_room(e: EngineView) -> bool:
+        return e.model == call.model and e.alive and load.early[e.engine_id] < e.max_early_filled_calls
 
     hits = dict(call.prefix_hits)
     group_at = load.group_at(call.task_group)
     app_at = load.app_at(call.key[0])
     near = {i for i, n in hits.items() if n > 0} | group_at | app_at
-    fitting = [e for e in (engines.get(i) for i in near) if has_room(e)]
+    fitting = [e for i in near if (e := engines.get(i)) is not None and has_room(e)]
     if fitting:
         return min(
             fitting,
