@@ -21,7 +21,7 @@ Early fills (pipelining) go to the engine the call will most likely run on.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from parrot.protocol.objective import Objective
@@ -212,17 +212,9 @@ def _best(
         if e is not None and e.model == call.model and e.alive and _room(e, load, num_calls, any_latency, call.tenant)
     ]
     if fitting:
-        return min(
-            fitting,
-            key=lambda e: (
-                -hits.get(e.engine_id, 0),
-                e.engine_id not in group_at,
-                e.engine_id not in app_at,
-                e.engine_id != call.engine_id,
-                load.running[e.engine_id],
-                e.engine_id,
-            ),
-        ).engine_id
+        return _preferred(
+            fitting, hits, group_at, app_at, lambda e: (e.engine_id != call.engine_id, load.running[e.engine_id])
+        )
     heap = load.least.get(call.model, [])
     skipped = []
     best = None
@@ -239,6 +231,27 @@ def _best(
     if best is None:
         load.full.add(signature)
     return best
+
+
+def _preferred(
+    fitting: list[EngineView],
+    hits: dict[str, int],
+    group_at: set[str],
+    app_at: set[str],
+    then: Callable[[EngineView], tuple[object, ...]],
+) -> str:
+    """The engine of `fitting` holding the most of the call's prefix, then running its task group,
+    then its application, then by `then`, then by id."""
+    return min(
+        fitting,
+        key=lambda e: (
+            -hits.get(e.engine_id, 0),
+            e.engine_id not in group_at,
+            e.engine_id not in app_at,
+            *then(e),
+            e.engine_id,
+        ),
+    ).engine_id
 
 
 def _room(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
@@ -299,16 +312,7 @@ def _early_engine(
     near = {i for i, n in hits.items() if n > 0} | group_at | app_at
     fitting = [e for i in near if (e := engines.get(i)) is not None and has_room(e)]
     if fitting:
-        return min(
-            fitting,
-            key=lambda e: (
-                -hits.get(e.engine_id, 0),
-                e.engine_id not in group_at,
-                e.engine_id not in app_at,
-                load.early[e.engine_id],
-                e.engine_id,
-            ),
-        ).engine_id
+        return _preferred(fitting, hits, group_at, app_at, lambda e: (load.early[e.engine_id],))
     heap = spare.get(call.model)
     if heap is None:
         heap = [(load.early[e.engine_id], e.engine_id) for e in engines.values() if e.model == call.model and e.alive]
