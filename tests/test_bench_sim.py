@@ -120,7 +120,8 @@ def test_the_cpu_fit_becomes_the_cost_models_terms() -> None:
 def test_a_gpts_sweep_stops_a_configuration_past_its_limit_and_others_do_not() -> None:
     pts = {p.key: p for p in points(load_paper_workloads(), quick=True)}
     gpts, chain = pts["gpts/4"], next(p for k, p in pts.items() if k.startswith("chain/"))
-    assert gpts.stop_over == ("norm_latency_ms", GPTS_THRESHOLD_MS) and chain.stop_over is None
+    assert gpts.stop_over == ("norm_latency_ms", GPTS_THRESHOLD_MS)
+    assert chain.stop_over is None
 
     def result(point: str, latency: float) -> Result:
         return Result(point, "b", {"norm_latency_ms": latency, "jct_s": 1e9}, 1.0, 1.0)

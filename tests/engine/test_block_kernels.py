@@ -39,8 +39,10 @@ def q8_0_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 def test_a_q4_1_weight_is_recovered_bit_for_bit() -> None:
     w = q4_1_weight(48, 96)
     enc = blocks.encode(w)
-    assert enc is not None and enc.kind == "q4_1"
-    assert enc.qs.shape == (48, 3, 16) and enc.scales.shape == (48, 3, 2)
+    assert enc is not None
+    assert enc.kind == "q4_1"
+    assert enc.qs.shape == (48, 3, 16)
+    assert enc.scales.shape == (48, 3, 2)
     assert torch.equal(enc.dequantize(), w)
     assert enc.nbytes == 48 * 3 * (16 + 8)
 
@@ -49,7 +51,8 @@ def test_a_q8_0_weight_is_recovered_bit_for_bit() -> None:
     w = q8_0_weight(40, 64)
     assert blocks.encode_q4_1(w) is None  # 255 levels in a block: not 4-bit
     enc = blocks.encode(w)
-    assert enc is not None and enc.kind == "q8_0"
+    assert enc is not None
+    assert enc.kind == "q8_0"
     assert torch.equal(enc.dequantize(), w)
 
 
@@ -63,7 +66,8 @@ def test_weights_that_are_no_block_encoding_are_left_alone() -> None:
     assert blocks.encode(nudged) is None
     zeros = torch.zeros(4, 32)  # a block with d = 0
     enc = blocks.encode(zeros)
-    assert enc is not None and torch.equal(enc.dequantize(), zeros)
+    assert enc is not None
+    assert torch.equal(enc.dequantize(), zeros)
 
 
 @needs_kernels
@@ -107,7 +111,8 @@ def test_apply_blocks_swaps_the_encoded_weights_and_keeps_the_logits(tiny_model_
         ref_head = F.linear(x[:, : model.embed.weight.shape[1]], model.embed.weight)
     report = blocks.apply_blocks(model)
     n = len(linears) + 1
-    assert report.applied and report.num_replaced == n
+    assert report.applied
+    assert report.num_replaced == n
     assert report.status.startswith(f"avx2_fma blocks: {n} of {n} weights")
     swapped = [m for m in model.modules() if isinstance(m, Linear)]
     assert all(isinstance(m, blocks.BlockLinear) for m in swapped)
