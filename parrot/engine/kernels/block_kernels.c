@@ -170,9 +170,10 @@ static inline void tiles(const float* x, int64_t ldx, int64_t M, const float* bu
 DEFINE_DIRECT(direct_q4_1, uint8_t, 16, 2, q4_1_block)
 DEFINE_DIRECT(direct_q8_0, int8_t, 32, 1, q8_0_block)
 
-/* The body of a linear over blocks: threads split the column tiles; each tile's weights are
- * rebuilt once into a per-thread buffer, then every row runs against it. */
-#define LINEAR_BODY(REBUILD, DIRECT, QTYPE, QBYTES, SCALES)                                                 \
+/* The body of a linear over blocks: threads split the column tiles; up to DIRECT_ROWS rows a
+ * tile's blocks are rebuilt in registers as they are multiplied, beyond that once into a
+ * per-thread buffer that every row then runs against. */
+#define LINEAR_BODY(REBUILD, DIRECT, QTYPE, QBYTES, SCALES)                                         \
     const int64_t nb = K / QK;                                                                      \
     const int64_t ntiles = (N + TC - 1) / TC;                                                       \
     _Pragma("omp parallel num_threads(threads)")                                                    \
@@ -184,7 +185,7 @@ DEFINE_DIRECT(direct_q8_0, int8_t, 32, 1, q8_0_block)
             const int cols = (int)(N - n0 < TC ? N - n0 : TC);                                      \
             const QTYPE* qt = (const QTYPE*)qs + n0 * nb * (QBYTES);                                \
             const float* st = scales + n0 * nb * (SCALES);                                          \
-            if (M <= DIRECT_ROWS) {                                                                           \
+            if (M <= DIRECT_ROWS) {                                                                 \
                 DIRECT(x, ldx, M, qt, st, nb, cols, y + n0, N);                                     \
             } else {                                                                                \
                 REBUILD(qt, st, nb, cols, buf);                                                     \
