@@ -73,7 +73,7 @@ def read_weight_bytes(model: torch.nn.Module) -> int | None:
     pieces = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockLMHead))]
     if not pieces:
         return None
-    encoded = sum(b.nbytes for m in pieces if (b := m.encoded.blocks) is not None)
+    encoded = sum(b.nbytes for m in pieces if (b := m.encoded.packed) is not None)
     others = [m.weight for m in model.modules() if isinstance(m, Linear) and not isinstance(m, BlockLinear)]
     return encoded + sum(w.numel() * w.element_size() for w in others)
 

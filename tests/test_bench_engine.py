@@ -32,7 +32,7 @@ def test_block_pieces_are_counted_at_their_encodings_size(tiny_model_folder: Pat
     pieces = [m for m in model.modules() if isinstance(m, (blocks.BlockLinear, blocks.BlockLMHead))]
     expected = 0
     for m in pieces:
-        encoded = m.encoded.blocks
+        encoded = m.encoded.packed
         assert encoded is not None
         expected += encoded.nbytes
     assert read_weight_bytes(model) == expected

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parrot.engine.kernels import library
+from parrot.engine.kernels.pieces import PackedWeight
 from parrot.engine.model.layers import Linear, LMHead
 
 QK = 32  # weights per block
@@ -159,21 +160,6 @@ def block_linear(x: torch.Tensor, blocks: BlockWeight, bias: torch.Tensor | None
     return y
 
 
-class _Encoded:
-    """A weight's block encoding, made again when the weight changes (an in-place write bumps its
-    version); None while it is not an exact encoding."""
-
-    def __init__(self) -> None:
-        self.key: tuple[int, int] | None = None
-        self.blocks: BlockWeight | None = None
-
-    def get(self, weight: torch.Tensor) -> BlockWeight | None:
-        key = (weight.data_ptr(), weight._version)
-        if key != self.key:
-            self.key, self.blocks = key, encode(weight)
-        return self.blocks
-
-
 def _runs_on_blocks(x: torch.Tensor, blocks: BlockWeight | None, row_invariant: bool) -> bool:
     return (
         blocks is not None
@@ -193,7 +179,7 @@ class BlockLinear(Linear):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.encoded = _Encoded()
+        self.encoded: PackedWeight[BlockWeight] = PackedWeight(encode, torch.float32)
 
     @classmethod
     def of(cls, linear: Linear) -> Self:
@@ -221,7 +207,7 @@ class BlockLMHead(LMHead):
 
     def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
         super().__init__(hidden_size, vocab_size, tied)
-        self.encoded = _Encoded()
+        self.encoded: PackedWeight[BlockWeight] = PackedWeight(encode, torch.float32)
 
     @classmethod
     def of(cls, head: LMHead) -> Self:

@@ -10,7 +10,7 @@ its parameters with the piece it replaced (nothing is copied; loading still work
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Self
+from typing import Generic, Self, TypeVar
 
 import torch
 
@@ -18,20 +18,25 @@ from parrot.engine.kernels import ops
 from parrot.engine.model.layers import Linear, LMHead, RMSNorm, SiluMul
 from parrot.engine.model.rope import Rotary, RotaryStep
 
+P = TypeVar("P")
 
-class PackedWeight:
-    """A weight's packed layout (`pack`: the AMX tiles by default), rebuilt when the weight changes
-    (in-place writes such as `copy_` in loading bump its version; writes through `.data` do not and
-    need a new PackedWeight). The packed copy doubles the memory of the bf16 linear weights."""
 
-    def __init__(self, pack: Callable[[torch.Tensor], torch.Tensor | None] = ops.pack_amx) -> None:
+class PackedWeight(Generic[P]):
+    """A weight's packed form (`pack`: the AMX tiles or VNNI layout; blocks.py: its block encoding),
+    made again when the weight changes (in-place writes such as `copy_` in loading bump its
+    version; writes through `.data` do not and need a new PackedWeight); None for a weight of
+    another dtype than `dtype`, or one `pack` cannot take. The AMX tiles double the memory of the
+    bf16 linear weights."""
+
+    def __init__(self, pack: Callable[[torch.Tensor], P | None], dtype: torch.dtype = torch.bfloat16) -> None:
         self.pack = pack
+        self.dtype = dtype
         self.key: tuple[int, int] | None = None
-        self.packed: torch.Tensor | None = None
+        self.packed: P | None = None
 
-    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
-        if weight.dtype != torch.bfloat16:
-            return None  # nothing cached: a later bf16 weight still packs
+    def get(self, weight: torch.Tensor) -> P | None:
+        if weight.dtype != self.dtype:
+            return None  # nothing cached: a later weight of the dtype still packs
         key = (weight.data_ptr(), weight._version)
         if key != self.key:
             self.key, self.packed = key, self.pack(weight)
