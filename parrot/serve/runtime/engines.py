@@ -115,5 +115,14 @@ class EnginePool:
         raise ParrotError(f"unknown model {name!r}; served models: {self.models}", status=404, field=field)
 
     def for_model(self, model: str) -> EngineHandle:
-        """An engine of `model` (a live one if any): they share tokenizer and context length."""
-        return next(h for h in sorted(self.handles.values(), key=lambda h: not h.alive) if h.model == model)
+        """An engine of `model` (the first live one, else the first): they share tokenizer and
+        context length. Asked once per changed call at every step: it stops at the first live one."""
+        first = None
+        for h in self.handles.values():
+            if h.model == model:
+                if h.alive:
+                    return h
+                first = first or h
+        if first is None:
+            raise KeyError(f"no engine serves model {model!r}")
+        return first
