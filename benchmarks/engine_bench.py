@@ -6,19 +6,21 @@ and real vLLM, on the same model and dtype, in one run; results as ratios.
     python -m benchmarks.engine_bench --quick    # fewer lengths / batch sizes
 
 Writes bench_results/engine/engine.json and engine.md. Peers run one after another (never
-concurrently: the machine has 2 cores). Also reports bytes read per decode step against this
-machine's measured memory bandwidth.
+concurrently: the machine has 2 cores), in `--rounds` interleaved rounds (3: every peer, then
+every peer in reverse order, ...), each figure the median of its rounds (every round in the
+JSON). Also reports bytes read per decode step against this machine's measured memory bandwidth.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -35,6 +37,13 @@ OUT = Path("bench_results/engine")
 class Probe(Protocol):
     def measure_prefill(self, lengths: list[int]) -> dict[int, float]: ...
     def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]: ...
+
+
+@runtime_checkable
+class VLLMPeerLike(Protocol):
+    """A peer with a prefix cache: each round's prompts take a salt of their own."""
+
+    salt: str
 
 
 def memory_bandwidth_gbs(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
@@ -86,6 +95,11 @@ def run_probe(name: str, probe: Probe, lengths: list[int], batches: list[int], n
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric and size, the median over the rounds' runs."""
+    return {kind: {k: statistics.median(r[kind][k] for r in runs) for k in runs[0][kind]} for kind in runs[0]}
+
+
 def fmt(d: dict[int, float]) -> str:
     return ", ".join(f"{k}:{v:.0f}" for k, v in d.items())
 
@@ -96,6 +110,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every engine; medians are reported")
     ap.add_argument("--out", type=Path, default=OUT, help="where engine.{json,md} go (one folder per kind of CPU)")
     a = ap.parse_args()
     a.dtype = resolve_dtype(a.dtype)  # every engine in the same dtype
@@ -112,30 +127,35 @@ def main() -> None:
         "peers": {},
     }
     print(f"engine benchmark: {DEFAULT_MODEL} {a.dtype}, prefill {lengths}, decode batches {batches}", flush=True)
-    probe = ParrotEngineProbe(str(folder), a.dtype)
-    results["native_kernels"] = probe.engine.native_kernels
-    weight_bytes = read_weight_bytes(probe.engine.model)
-    try:
-        results["peers"]["parrot"] = run_probe("parrot", probe, lengths, batches, new_tokens)
-    finally:
-        probe.close()
-    del probe
-    gc.collect()
-    if not a.no_hf:
-        from benchmarks.peers.hf_engine import HFPeer
+    with contextlib.ExitStack() as stack:
+        probe = ParrotEngineProbe(str(folder), a.dtype)
+        stack.callback(probe.close)
+        results["native_kernels"] = probe.engine.native_kernels
+        weight_bytes = read_weight_bytes(probe.engine.model)
+        probes: dict[str, Probe] = {"parrot": probe}
+        if not a.no_hf:
+            from benchmarks.peers.hf_engine import HFPeer
 
-        hf = HFPeer(folder, a.dtype, repeats=2)
-        results["peers"]["transformers"] = run_probe("transformers", hf, lengths, batches, new_tokens)
-        del hf
-        gc.collect()
-    if not a.no_vllm:
-        try:
-            from benchmarks.peers.vllm_server import VLLMPeer, vllm_server
+            probes["transformers"] = HFPeer(folder, a.dtype, repeats=2)
+        if not a.no_vllm:
+            try:
+                from benchmarks.peers.vllm_server import VLLMPeer, vllm_server
 
-            with vllm_server(folder, extra_args=["--dtype", a.dtype]) as server:
-                results["peers"]["vllm"] = run_probe("vllm", VLLMPeer(server, repeats=2), lengths, batches, new_tokens)
-        except FileNotFoundError as exc:
-            print(f"  vllm: skipped ({exc})")
+                server = stack.enter_context(vllm_server(folder, extra_args=["--dtype", a.dtype]))
+                probes["vllm"] = VLLMPeer(server, repeats=2)
+            except FileNotFoundError as exc:
+                print(f"  vllm: skipped ({exc})")
+        # Rounds interleave the engines (every engine, then again in reverse order): a machine
+        # that drifts while they run one after another would otherwise decide the ratios.
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in probes}
+        for i in range(a.rounds):
+            for name in list(probes) if i % 2 == 0 else list(reversed(probes)):
+                peer = probes[name]
+                if isinstance(peer, VLLMPeerLike):
+                    peer.salt = f"/round{i}"  # new prompts: never a prefix-cache hit
+                rounds[name].append(run_probe(name, peer, lengths, batches, new_tokens))
+        results["peers"] = {name: median_run(runs) for name, runs in rounds.items()}
+        results["rounds"] = rounds
     bw = memory_bandwidth_gbs()
     dtype_bytes = 2 if a.dtype == "bfloat16" else 4
     parrot = results["peers"]["parrot"]["decode_tok_s"]

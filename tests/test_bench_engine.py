@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.engine_bench import decode_step_bytes, read_weight_bytes
+from benchmarks.engine_bench import decode_step_bytes, median_run, read_weight_bytes
 from parrot.engine.kernels import blocks, library
 from parrot.engine.model.loader import load_model
 from tests.engine.test_block_kernels import block_model
@@ -36,3 +36,12 @@ def test_block_pieces_are_counted_at_their_encodings_size(tiny_model_folder: Pat
         assert encoded is not None
         expected += encoded.nbytes
     assert read_weight_bytes(model) == expected
+
+
+def test_a_peers_figures_are_the_medians_of_its_rounds() -> None:
+    runs = [
+        {"prefill_tok_s": {128: 300.0, 512: 410.0}, "decode_tok_s": {1: 30.0}},
+        {"prefill_tok_s": {128: 390.0, 512: 400.0}, "decode_tok_s": {1: 20.0}},
+        {"prefill_tok_s": {128: 350.0, 512: 500.0}, "decode_tok_s": {1: 25.0}},
+    ]
+    assert median_run(runs) == {"prefill_tok_s": {128: 350.0, 512: 410.0}, "decode_tok_s": {1: 25.0}}

@@ -180,6 +180,7 @@ class VLLMPeer:
         self.repeats = repeats
         self.timeout_s = timeout_s
         self.vocab_size = vocab_size_of(server.model_folder)
+        self.salt = ""  # appended to every prompt seed: a new salt measures on prompts never sent
 
     def _body(self, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
         return {
@@ -214,7 +215,7 @@ class VLLMPeer:
         results: dict[int, float] = {}
         with httpx.Client(timeout=self.timeout_s) as client:
             for prompt_len in lengths:
-                seeds = [prefill_seed(prompt_len, r) for r in range(self.repeats + 1)]
+                seeds = [prefill_seed(prompt_len, r) + self.salt for r in range(self.repeats + 1)]
                 prompts = [random_prompts(1, prompt_len, self.vocab_size, seed)[0] for seed in seeds]
                 self._time_to_one_token(client, prompts[0])  # warm-up for this shape
                 times = [self._time_to_one_token(client, prompt) for prompt in prompts[1:]]
@@ -226,8 +227,10 @@ class VLLMPeer:
         return {n: asyncio.run(self._decode_once(n, new_tokens)) for n in batch_sizes}
 
     async def _decode_once(self, batch_size: int, new_tokens: int) -> float:
-        warm_up = random_prompts(batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size, True))
-        prompts = random_prompts(batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size))
+        warm_up = random_prompts(
+            batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size, True) + self.salt
+        )
+        prompts = random_prompts(batch_size, DECODE_PROMPT_LEN, self.vocab_size, decode_seed(batch_size) + self.salt)
         limits = httpx.Limits(max_connections=batch_size + 4)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
             await asyncio.gather(*(self._stream(client, p, WARM_UP_TOKENS) for p in warm_up))
