@@ -20,7 +20,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -37,13 +37,6 @@ OUT = Path("bench_results/engine")
 class Probe(Protocol):
     def measure_prefill(self, lengths: list[int]) -> dict[int, float]: ...
     def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]: ...
-
-
-@runtime_checkable
-class VLLMPeerLike(Protocol):
-    """A peer with a prefix cache: each round's prompts take a salt of their own."""
-
-    salt: str
 
 
 def memory_bandwidth_gbs(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
@@ -137,23 +130,23 @@ def main() -> None:
             from benchmarks.peers.hf_engine import HFPeer
 
             probes["transformers"] = HFPeer(folder, a.dtype, repeats=2)
+        vllm = None  # the peer with a prefix cache: each round's prompts take a salt of their own
         if not a.no_vllm:
             try:
                 from benchmarks.peers.vllm_server import VLLMPeer, vllm_server
 
                 server = stack.enter_context(vllm_server(folder, extra_args=["--dtype", a.dtype]))
-                probes["vllm"] = VLLMPeer(server, repeats=2)
+                vllm = probes["vllm"] = VLLMPeer(server, repeats=2)
             except FileNotFoundError as exc:
                 print(f"  vllm: skipped ({exc})")
         # Rounds interleave the engines (every engine, then again in reverse order): a machine
         # that drifts while they run one after another would otherwise decide the ratios.
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in probes}
         for i in range(a.rounds):
+            if vllm is not None:
+                vllm.salt = f"/round{i}"  # new prompts: never a prefix-cache hit
             for name in list(probes) if i % 2 == 0 else list(reversed(probes)):
-                peer = probes[name]
-                if isinstance(peer, VLLMPeerLike):
-                    peer.salt = f"/round{i}"  # new prompts: never a prefix-cache hit
-                rounds[name].append(run_probe(name, peer, lengths, batches, new_tokens))
+                rounds[name].append(run_probe(name, probes[name], lengths, batches, new_tokens))
         results["peers"] = {name: median_run(runs) for name, runs in rounds.items()}
         results["rounds"] = rounds
     bw = memory_bandwidth_gbs()

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parrot.engine.kernels import library
-from parrot.engine.kernels.pieces import PackedWeight
+from parrot.engine.kernels.pieces import PackedWeight, head_sharing, linear_sharing
 from parrot.engine.model.layers import Linear, LMHead
 
 QK = 32  # weights per block
@@ -183,9 +183,7 @@ class BlockLinear(Linear):
 
     @classmethod
     def of(cls, linear: Linear) -> Self:
-        with torch.device("meta"):  # no memory: the parameters are the replaced module's
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        new.weight, new.bias = linear.weight, linear.bias
+        new = linear_sharing(cls, linear)
         if isinstance(linear, BlockLinear):
             new.encoded = linear.encoded  # the same weight: its encoding is not made again
         return new
@@ -211,9 +209,7 @@ class BlockLMHead(LMHead):
 
     @classmethod
     def of(cls, head: LMHead) -> Self:
-        with torch.device("meta"):
-            new = cls(0, 0, tied=True)
-        new.weight = head.weight
+        new = head_sharing(cls, head)
         if isinstance(head, BlockLMHead):
             new.encoded = head.encoded
         return new

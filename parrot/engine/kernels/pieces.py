@@ -43,6 +43,26 @@ class PackedWeight(Generic[P]):
         return self.packed
 
 
+L = TypeVar("L", bound=Linear)
+H = TypeVar("H", bound=LMHead)
+
+
+def linear_sharing(cls: type[L], linear: Linear) -> L:
+    """A `cls` module over `linear`'s own parameters (made on the meta device: no memory)."""
+    with torch.device("meta"):
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    new.weight, new.bias = linear.weight, linear.bias
+    return new
+
+
+def head_sharing(cls: type[H], head: LMHead) -> H:
+    """A `cls` LM head over `head`'s own weight (made on the meta device: no memory)."""
+    with torch.device("meta"):
+        new = cls(0, 0, tied=True)
+    new.weight = head.weight
+    return new
+
+
 class NativeLinear(Linear):
     """A projection on the native kernels; subclasses pick another packing and kernel family."""
 
@@ -54,10 +74,7 @@ class NativeLinear(Linear):
 
     @classmethod
     def of(cls, linear: Linear) -> Self:
-        with torch.device("meta"):  # no memory: the parameters are the replaced module's
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-        new.weight, new.bias = linear.weight, linear.bias
-        return new
+        return linear_sharing(cls, linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self.packed.get(self.weight)
@@ -106,10 +123,7 @@ class NativeLMHead(LMHead):
 
     @classmethod
     def of(cls, head: LMHead) -> Self:
-        with torch.device("meta"):
-            new = cls(0, 0, tied=True)
-        new.weight = head.weight
-        return new
+        return head_sharing(cls, head)
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         w = self.head_weight(embed_weight)
