@@ -9,13 +9,16 @@ all submitted at t=0 to one manager over `engines` simulated A100 / LLaMA-13B en
 virtual clock. Measured in wall time: the manager's scheduling time per decision (one executor
 step: views of changed calls, the policy's plan, applying it), its mean and p99, and per
 dispatched call; the manager's memory per application (tracemalloc while submitting, before any
-step runs). Writes bench_results/sim_scale/{results.json,results.md}.
+step runs); the garbage collector's share of the run's wall time and its longest pause (the
+process's collector set as `parrot serve` sets it: parrot/web/heap.py). Writes
+bench_results/sim_scale/{results.json,results.md}.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 import tracemalloc
@@ -30,6 +33,7 @@ from parrot.serve.policy.plan import Plan, Snapshot
 from parrot.sim import profiles
 from parrot.sim.loop import run_virtual
 from parrot.text import Tokenizer
+from parrot.web.heap import settle_heap
 
 OUT = Path("bench_results/sim_scale")
 
@@ -38,6 +42,32 @@ def app_calls(words: Words, system: str, i: int) -> list[Call]:
     first = Call((system, Input(words.text(f"scale/{i}", 256)), "\nAnswer:"), f"x{i}", 32)
     second = Call(("Refine:", Ref(f"x{i}"), "\nRefined:"), f"y{i}", 32)
     return [first, second]
+
+
+class GcMeter:
+    """The cyclic collector's pauses while on: their count, total and longest (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total_s = 0.0
+        self.longest_s = 0.0
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._began
+        self.count += 1
+        self.total_s += pause
+        self.longest_s = max(self.longest_s, pause)
+
+    def __enter__(self) -> GcMeter:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def run_scale(num_engines: int, num_apps: int, words: Words) -> dict[str, Any]:
@@ -82,7 +112,8 @@ def run_scale(num_engines: int, num_apps: int, words: Words) -> dict[str, Any]:
             tracemalloc.stop()
             wall = time.perf_counter()
             start = asyncio.get_running_loop().time()
-            results = await asyncio.gather(*tasks)
+            with GcMeter() as collector:
+                results = await asyncio.gather(*tasks)
             wall = time.perf_counter() - wall
             ordered = sorted(step_times)
             return {
@@ -101,6 +132,9 @@ def run_scale(num_engines: int, num_apps: int, words: Words) -> dict[str, Any]:
                 "plan_ms_p99": 1000 * sorted(plan_times)[int(0.99 * (len(plan_times) - 1))],
                 "plan_ms_per_dispatch": 1000 * sum(plan_times) / max(1, dispatched[0]),
                 "kb_per_app": held / num_apps / 1024,
+                "gc_s": collector.total_s,
+                "gc_share": collector.total_s / wall,
+                "gc_pause_ms_max": 1000 * collector.longest_s,
             }
 
     return run_virtual(main())
@@ -110,16 +144,17 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
     lines = ["# The manager at scale (simulated engines, virtual clock)", ""]
     lines += [
         "| engines | apps | calls | virtual s | wall s | steps | step ms mean | p99 | max | step ms per dispatch "
-        "| plan ms mean | plan p99 | plan ms per dispatch | KB per app |"
+        "| plan ms mean | plan p99 | plan ms per dispatch | KB per app | GC share of wall | longest GC pause ms |"
     ]
-    lines += ["|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["|" + "---:|" * 16]
     for r in rows:
         lines.append(
             f"| {r['engines']} | {r['apps']} | {r['calls']} | {r['virtual_s']:.1f} | {r['wall_s']:.1f} | "
             f"{r['steps']} | "
             f"{r['step_ms_mean']:.2f} | {r['step_ms_p99']:.2f} | {r['step_ms_max']:.1f} | "
             f"{r['sched_ms_per_dispatch']:.3f} | {r['plan_ms_mean']:.2f} | {r['plan_ms_p99']:.2f} | "
-            f"{r['plan_ms_per_dispatch']:.3f} | {r['kb_per_app']:.1f} |"
+            f"{r['plan_ms_per_dispatch']:.3f} | {r['kb_per_app']:.1f} | {100 * r['gc_share']:.0f}% | "
+            f"{r['gc_pause_ms_max']:.0f} |"
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -135,6 +170,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     words = Words(Tokenizer(tokenizer_folder()))
+    settle_heap()  # as `parrot serve` does once it has started
     rows = []
     for engines in args.engines:
         for apps in args.apps:

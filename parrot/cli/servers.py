@@ -61,6 +61,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_serve(a: argparse.Namespace) -> None:
     from parrot.launch import OpenAIUpstream, start_embedded
+    from parrot.web.heap import settle_heap
 
     try:
         values = resolve(a)
@@ -91,6 +92,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
             )
         print("no API keys configured: development mode, any key is accepted (loopback only)", flush=True)
     emb = start_embedded(configs, list(serve["engine_urls"]), manager_config, host, serve["port"], upstreams)
+    settle_heap()
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs, dashboard: {emb.url}/dashboard)", flush=True)
     _wait_forever(lambda: emb.stop(grace_s=None))
 
@@ -99,6 +101,7 @@ def cmd_engine(a: argparse.Namespace) -> None:
     from parrot.engine.async_engine import AsyncEngine
     from parrot.engine.server.app import create_engine_app
     from parrot.protocol.engine_api import ENGINE_SECRET_ENV
+    from parrot.web.heap import settle_heap
     from parrot.web.server_thread import ServerThread
 
     engine = AsyncEngine(_engine_config(a))
@@ -107,6 +110,7 @@ def cmd_engine(a: argparse.Namespace) -> None:
     if secret is None and not _is_loopback(a.host):
         raise SystemExit(f"refusing to serve the engine API on {a.host} without {ENGINE_SECRET_ENV} set")
     srv = ServerThread(create_engine_app(engine, secret=secret), a.host, a.port).start()
+    settle_heap()
     print(f"parrot engine ({engine.model_name}) on {srv.url}", flush=True)
 
     def stop() -> None:
