@@ -132,6 +132,7 @@ def run_scale(num_engines: int, num_apps: int, words: Words) -> dict[str, Any]:
                 "plan_ms_p99": 1000 * sorted(plan_times)[int(0.99 * (len(plan_times) - 1))],
                 "plan_ms_per_dispatch": 1000 * sum(plan_times) / max(1, dispatched[0]),
                 "kb_per_app": held / num_apps / 1024,
+                "gc_collections": collector.count,
                 "gc_s": collector.total_s,
                 "gc_share": collector.total_s / wall,
                 "gc_pause_ms_max": 1000 * collector.longest_s,

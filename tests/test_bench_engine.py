@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from benchmarks.engine_bench import decode_step_bytes, median_run, read_weight_bytes
+from benchmarks.peers.parrot_engine import ParrotEngineProbe
 from parrot.engine.kernels import blocks, library
 from parrot.engine.model.loader import load_model
 from tests.engine.test_block_kernels import block_model
@@ -45,3 +46,16 @@ def test_a_peers_figures_are_the_medians_of_its_rounds() -> None:
         {"prefill_tok_s": {128: 350.0, 512: 500.0}, "decode_tok_s": {1: 25.0}},
     ]
     assert median_run(runs) == {"prefill_tok_s": {128: 350.0, 512: 410.0}, "decode_tok_s": {1: 25.0}}
+
+
+def test_the_parrot_probe_prefills_in_one_request_and_frees_its_contexts(tiny_model_folder: Path) -> None:
+    probe = ParrotEngineProbe(str(tiny_model_folder), dtype="float32")
+    try:
+        rates = probe.measure_prefill([8, 16], repeats=3)
+        assert sorted(rates) == [8, 16]
+        assert min(rates.values()) > 0
+        stats = probe.engine.stats()
+        assert stats.num_contexts == 0
+        assert stats.num_steps == 8  # one step per prompt (4 per length): the fill and its token together
+    finally:
+        probe.close()
