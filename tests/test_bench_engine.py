@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from benchmarks.engine_bench import decode_step_bytes, median_run, read_weight_bytes
+from benchmarks.peers import prefill_rates
 from benchmarks.peers.parrot_engine import ParrotEngineProbe
 from parrot.engine.kernels import blocks, library
 from parrot.engine.model.loader import load_model
@@ -49,9 +50,9 @@ def test_a_peers_figures_are_the_medians_of_its_rounds() -> None:
 
 
 def test_the_parrot_probe_prefills_in_one_request_and_frees_its_contexts(tiny_model_folder: Path) -> None:
-    probe = ParrotEngineProbe(str(tiny_model_folder), dtype="float32")
+    probe = ParrotEngineProbe(str(tiny_model_folder), dtype="float32", repeats=3)
     try:
-        rates = probe.measure_prefill([8, 16], repeats=3)
+        rates = probe.measure_prefill([8, 16])
         assert sorted(rates) == [8, 16]
         assert min(rates.values()) > 0
         stats = probe.engine.stats()
@@ -59,3 +60,15 @@ def test_the_parrot_probe_prefills_in_one_request_and_frees_its_contexts(tiny_mo
         assert stats.num_steps == 8  # one step per prompt (4 per length): the fill and its token together
     finally:
         probe.close()
+
+
+def test_prefill_rates_drop_the_warm_up_and_take_the_median_of_the_rest() -> None:
+    times = {(8, 0): 9.0, (8, 1): 0.5, (8, 2): 0.25, (8, 3): 2.0, (4, 0): 9.0, (4, 1): 1.0, (4, 2): 2.0, (4, 3): 4.0}
+    calls: list[tuple[int, int]] = []
+
+    def seconds(prompt_len: int, r: int) -> float:
+        calls.append((prompt_len, r))
+        return times[(prompt_len, r)]
+
+    assert prefill_rates([8, 4], 3, seconds) == {8: 16.0, 4: 2.0}
+    assert calls == [(8, 0), (8, 1), (8, 2), (8, 3), (4, 0), (4, 1), (4, 2), (4, 3)]

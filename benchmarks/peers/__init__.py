@@ -15,6 +15,8 @@ can serve one measurement from another.
 from __future__ import annotations
 
 import random
+import statistics
+from collections.abc import Callable
 from typing import Protocol
 
 # Ids below this are special or control tokens in LLaMA-family vocabularies; random prompts avoid them.
@@ -41,6 +43,17 @@ def random_prompts(num_prompts: int, prompt_len: int, vocab_size: int, seed: str
 
 # Seeds are strings naming the measurement, so no two measurements can draw the same stream (one
 # prompt a prefix of another would be a prefix-cache hit).
+
+
+def prefill_rates(lengths: list[int], repeats: int, seconds: Callable[[int, int], float]) -> dict[int, float]:
+    """Prompt length -> prefill tokens/s, every peer's statistic: `seconds(prompt_len, r)` times the
+    r-th distinct prompt of that length to its single output token; prompt 0 warms the shape up,
+    the rate is prompt_len over the median of prompts 1..`repeats`."""
+    rates: dict[int, float] = {}
+    for prompt_len in lengths:
+        seconds(prompt_len, 0)
+        rates[prompt_len] = prompt_len / statistics.median(seconds(prompt_len, r) for r in range(1, repeats + 1))
+    return rates
 
 
 def prefill_seed(prompt_len: int, repeat: int) -> str:

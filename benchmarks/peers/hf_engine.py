@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_seed, random_prompts
+from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_rates, prefill_seed, random_prompts
 
 NUM_THREADS = 2
 DECODE_PROMPT_LEN = 32
@@ -91,14 +90,12 @@ class HFPeer:
 
     def measure_prefill(self, lengths: list[int]) -> dict[int, float]:
         """Median over `repeats` distinct prompts of prompt_len / time to the single output token."""
-        results: dict[int, float] = {}
-        for prompt_len in lengths:
-            seeds = [prefill_seed(prompt_len, r) for r in range(self.repeats + 1)]
-            prompts = [random_prompts(1, prompt_len, self.vocab_size, seed)[0] for seed in seeds]
-            self._time_to_one_token(prompts[0])  # warm-up for this shape
-            times = [self._time_to_one_token(prompt) for prompt in prompts[1:]]
-            results[prompt_len] = prompt_len / statistics.median(times)
-        return results
+
+        def seconds(prompt_len: int, r: int) -> float:
+            prompt = random_prompts(1, prompt_len, self.vocab_size, prefill_seed(prompt_len, r))[0]
+            return self._time_to_one_token(prompt)
+
+        return prefill_rates(lengths, self.repeats, seconds)
 
     def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]:
         """Generated tokens/s of one batched `generate` per batch size, over the steps after prefill."""

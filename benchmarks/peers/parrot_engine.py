@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import statistics
 import time
 
 import torch
 
+from benchmarks.peers import prefill_rates
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
@@ -15,8 +15,9 @@ from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, Sa
 
 
 class ParrotEngineProbe:
-    def __init__(self, model_folder: str, dtype: str = "bfloat16", num_threads: int = 2) -> None:
+    def __init__(self, model_folder: str, dtype: str = "bfloat16", num_threads: int = 2, repeats: int = 3) -> None:
         torch.set_num_threads(num_threads)
+        self.repeats = repeats  # prefill prompts per length, after a warm-up
         self.engine = LLMEngine(EngineConfig(model=model_folder, dtype=dtype, max_num_batched_tokens=4096))
         self.engine.start()
         self._rng = random.Random(0)
@@ -32,22 +33,22 @@ class ParrotEngineProbe:
         self._n += 1
         return f"bench{self._n}"
 
-    def measure_prefill(self, lengths: list[int], repeats: int = 3) -> dict[int, float]:
-        """Median over `repeats` distinct prompts of prompt_len / time to the single output token,
-        after one warm-up prompt per length (the peers' statistic); the prompt and its generation go
-        as one request (`GenerateRequest.token_ids`), as the manager sends a call's last piece."""
-        out: dict[int, float] = {}
-        for n in lengths:
-            times = []
-            for _ in range(repeats + 1):  # the first run warms up
-                cid = self._cid()
-                req = GenerateRequest(context_id=cid, token_ids=self._prompt(n), sampling=SamplingParams(max_tokens=1))
-                t0 = time.perf_counter()
-                sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
-                times.append(time.perf_counter() - t0)
-                self.engine.free_context(FreeContextRequest(context_id=cid))
-            out[n] = n / statistics.median(times[1:])
-        return out
+    def measure_prefill(self, lengths: list[int]) -> dict[int, float]:
+        """Median over `repeats` distinct prompts of prompt_len / time to the single output token
+        (`prefill_rates`, as the peers); the prompt and its generation go as one request
+        (`GenerateRequest.token_ids`), as the manager sends a call's last piece."""
+
+        def seconds(prompt_len: int, _r: int) -> float:
+            cid = self._cid()
+            one_token = SamplingParams(max_tokens=1)
+            req = GenerateRequest(context_id=cid, token_ids=self._prompt(prompt_len), sampling=one_token)
+            t0 = time.perf_counter()
+            sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
+            elapsed = time.perf_counter() - t0
+            self.engine.free_context(FreeContextRequest(context_id=cid))
+            return elapsed
+
+        return prefill_rates(lengths, self.repeats, seconds)
 
     def measure_decode(self, batch_sizes: list[int], new_tokens: int = 32, prompt_len: int = 32) -> dict[int, float]:
         """Generated tokens per second with `b` sequences decoding together (prefill excluded)."""

@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_seed, random_prompts
+from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_rates, prefill_seed, random_prompts
 
 # Healthy after ~2 minutes on an idle machine (most of it torch.compile warm-up, cached under
 # ~/.cache/vllm for later starts); twice that when other work shares the 2 cores.
@@ -212,15 +211,13 @@ class VLLMPeer:
 
     def measure_prefill(self, lengths: list[int]) -> dict[int, float]:
         """Median over `repeats` distinct prompts of prompt_len / time to the single output token."""
-        results: dict[int, float] = {}
         with httpx.Client(timeout=self.timeout_s) as client:
-            for prompt_len in lengths:
-                seeds = [prefill_seed(prompt_len, r) + self.salt for r in range(self.repeats + 1)]
-                prompts = [random_prompts(1, prompt_len, self.vocab_size, seed)[0] for seed in seeds]
-                self._time_to_one_token(client, prompts[0])  # warm-up for this shape
-                times = [self._time_to_one_token(client, prompt) for prompt in prompts[1:]]
-                results[prompt_len] = prompt_len / statistics.median(times)
-        return results
+
+            def seconds(prompt_len: int, r: int) -> float:
+                seed = prefill_seed(prompt_len, r) + self.salt
+                return self._time_to_one_token(client, random_prompts(1, prompt_len, self.vocab_size, seed)[0])
+
+            return prefill_rates(lengths, self.repeats, seconds)
 
     def measure_decode(self, batch_sizes: list[int], new_tokens: int) -> dict[int, float]:
         """Tokens/s with `batch_size` concurrent streamed requests (see `decode_throughput`)."""
