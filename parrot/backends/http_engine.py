@@ -6,8 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
+from parrot.backends.http_client import TRANSPORT_ERRORS, LazyClient
 from parrot.protocol.engine_api import (
     EngineStats,
     FillRequest,
@@ -17,8 +16,8 @@ from parrot.protocol.engine_api import (
     LeaseRequest,
     TokenEvent,
 )
-from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.framing import text_lines
 
 
 class HttpEngineClient:
@@ -28,9 +27,7 @@ class HttpEngineClient:
         """`secret`: the engine server's shared secret (`PARROT_ENGINE_SECRET`), sent as a bearer token."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {secret}"} if secret else None
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers
-        )
+        self._http = LazyClient(self.base_url, timeout_s, headers)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -39,16 +36,16 @@ class HttpEngineClient:
         return FillResult.model_validate(await self._post("/v1/engine/fill", req.model_dump(mode="json")))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        url = f"{self.base_url}/v1/engine/generate"
         try:
-            async with self._http.stream("POST", "/v1/engine/generate", json=req.model_dump(mode="json")) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise _error(resp)
-                async for line in resp.aiter_lines():
+            async with self._http.session().post(url, json=req.model_dump(mode="json")) as resp:
+                if resp.status >= 400:
+                    raise _error(resp.status, await resp.read())
+                async for line in text_lines(resp.content.iter_any()):
                     if line.strip():
                         yield TokenEvent.model_validate_json(line)
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
+        except TRANSPORT_ERRORS as e:
+            raise self._http.unavailable(e) from e
 
     async def free_context(self, req: FreeContextRequest) -> None:
         await self._post("/v1/engine/free_context", req.model_dump(mode="json"))
@@ -64,30 +61,25 @@ class HttpEngineClient:
         return dict(await self._get("/v1/engine/info"))
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            resp = await self._http.post(path, json=body)
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
-        if resp.status_code >= 400:
-            raise _error(resp)
-        return resp.json() if resp.content else None
+        return await self._request("POST", path, body)
 
     async def _get(self, path: str) -> Any:
+        return await self._request("GET", path)
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            resp = await self._http.get(path)
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
-        if resp.status_code >= 400:
-            raise _error(resp)
-        return resp.json()
-
-    def _unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
-        return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")
+            async with self._http.session().request(method, f"{self.base_url}{path}", json=body) as resp:
+                status, content = resp.status, await resp.read()
+        except TRANSPORT_ERRORS as e:
+            raise self._http.unavailable(e) from e
+        if status >= 400:
+            raise _error(status, content)
+        return json.loads(content) if content else None
 
 
-def _error(resp: httpx.Response) -> ParrotError:
+def _error(status: int, content: bytes) -> ParrotError:
     try:
-        body = resp.json()
-    except json.JSONDecodeError:
-        body = {"detail": resp.text or resp.reason_phrase}
-    return ParrotError.from_dict(body, resp.status_code)
+        body = json.loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = {"detail": content.decode(errors="replace") or f"HTTP {status}"}
+    return ParrotError.from_dict(body, status)

@@ -9,12 +9,10 @@ on hand-written chunks (vLLM's and Parrot's shapes).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from parrot.protocol.engine_api import TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
@@ -244,9 +242,9 @@ def eos_token_ids(folder: Path, tokenizer_eos_id: int | None) -> frozenset[int]:
     return frozenset(ids)
 
 
-async def sse_chunks(resp: httpx.Response, base_url: str) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream, until `[DONE]`."""
-    async for line in resp.aiter_lines():
+async def sse_chunks(lines: AsyncIterable[str], base_url: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream's lines, until `[DONE]`."""
+    async for line in lines:
         if not line.startswith("data:"):
             continue
         data = line[len("data:") :].strip()

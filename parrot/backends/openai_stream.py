@@ -19,8 +19,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
+from parrot.backends.http_client import TRANSPORT_ERRORS, LazyClient
 from parrot.backends.openai_dialect import (
     StopRule,
     choice_events,
@@ -33,6 +34,7 @@ from parrot.backends.openai_dialect import (
 from parrot.backends.tpot_profile import TpotProfile
 from parrot.protocol.engine_api import TokenEvent
 from parrot.protocol.engine_client import EngineUnavailable
+from parrot.protocol.framing import text_lines
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,8 @@ class UpstreamStreams:
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float, send_priority: bool) -> None:
         self.base_url = base_url
         self.send_priority = send_priority
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = LazyClient(base_url, timeout_s, headers)
         self.num_running = 0  # streams open
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
@@ -77,7 +78,7 @@ class UpstreamStreams:
         num_top = int(body.get("logprobs") or 0)  # alternatives asked for (ids only)
         try:
             async with self._completion(body) as resp:
-                async for chunk in sse_chunks(resp, self.base_url):
+                async for chunk in sse_chunks(text_lines(resp.content.iter_any()), self.base_url):
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
                     if finished is not None:
@@ -99,8 +100,8 @@ class UpstreamStreams:
                             break
                         started = True
                         yield event
-        except httpx.TransportError as e:
-            raise self.unavailable(e) from e
+        except TRANSPORT_ERRORS as e:
+            raise self._http.unavailable(e) from e
         num_computed, num_cached = prompt_usage(usage, prompt_len)
         self.num_prefill_tokens += num_computed
         self.num_reused_tokens += num_cached
@@ -121,17 +122,17 @@ class UpstreamStreams:
         return now
 
     @contextlib.asynccontextmanager
-    async def _completion(self, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+    async def _completion(self, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's streamed answer to `body`, once it said yes. An upstream that refuses the
         `priority` field (vLLM without priority scheduling) is asked again without it, and is sent
         none from then on; any other refusal is the upstream's error."""
-        async with self._http.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code < 400:
+        async with self._http.session().post(f"{self.base_url}/v1/completions", json=body) as resp:
+            if resp.status < 400:
                 yield resp
                 return
-            text = (await resp.aread()).decode(errors="replace")
-        if not refuses_priority(body, resp.status_code, text):
-            raise upstream_error(self.base_url, resp.status_code, text)
+            text = (await resp.read()).decode(errors="replace")
+        if not refuses_priority(body, resp.status, text):
+            raise upstream_error(self.base_url, resp.status, text)
         if self.send_priority:
             log.warning("upstream %s refuses request priorities; not sending them: %s", self.base_url, text[:200])
             self.send_priority = False
@@ -140,12 +141,10 @@ class UpstreamStreams:
 
     async def get(self, path: str) -> Any:
         try:
-            resp = await self._http.get(path)
-        except httpx.TransportError as e:
-            raise self.unavailable(e) from e
-        if resp.status_code >= 400:
-            raise upstream_error(self.base_url, resp.status_code, resp.text)
-        return resp.json()
-
-    def unavailable(self, e: httpx.TransportError) -> EngineUnavailable:
-        return EngineUnavailable(f"engine {self.base_url} is unreachable: {type(e).__name__}: {e}")
+            async with self._http.session().get(f"{self.base_url}{path}") as resp:
+                text = (await resp.read()).decode(errors="replace")
+        except TRANSPORT_ERRORS as e:
+            raise self._http.unavailable(e) from e
+        if resp.status >= 400:
+            raise upstream_error(self.base_url, resp.status, text)
+        return json.loads(text)

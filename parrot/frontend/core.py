@@ -22,7 +22,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 
 from parrot.frontend.transport import ApiTransport
 from parrot.frontend.variable import SemanticVariable
@@ -140,7 +140,7 @@ class SessionCore:
                 for info, vars_ in zip(submitted.calls, outputs, strict=True):
                     for var in vars_:
                         var._call_id = info.call_id
-            except (ParrotError, httpx.HTTPError) as e:
+            except (ParrotError, aiohttp.ClientError) as e:
                 error = e if isinstance(e, ParrotError) else ParrotError(f"submit failed: {e}", status=503)
                 log.warning("a batch of %d operations was refused: %s", len(batch), error.message)
                 for _, vars_ in batch:

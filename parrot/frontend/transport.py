@@ -1,4 +1,4 @@
-"""The public HTTP API as async Python calls (one httpx client per session).
+"""The public HTTP API as async Python calls (one aiohttp client per session).
 
 Every 4xx/5xx answer becomes the ParrotError the server described (status, message, field); a
 manager that cannot be reached becomes ParrotError(503). Transient faults are retried with
@@ -13,15 +13,16 @@ dropped connection, or a 5xx from something else (a proxy), it may have arrived:
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
+from multidict import CIMultiDictProxy
 
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.framing import text_lines
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import (
     CreateSessionRequest,
@@ -37,20 +38,30 @@ from parrot.protocol.public_api import (
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_BACKOFF_S = 10.0
+_CONNECT_TIMEOUT_S = 10.0
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """httpx's default verifying context, built once: building it loads the CA bundle (~25 ms of CPU),
-    which a client per session (one per request, in a GPTs-style app) paid at every session."""
-    return httpx.create_ssl_context()
+@dataclass(frozen=True)
+class _Answer:
+    """A response with its body read (or, for a stream, left to read from `stream`)."""
+
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    stream: aiohttp.ClientResponse | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
 
 
 class ApiTransport:
+    """The session's HTTP client (aiohttp: a quarter of httpx's CPU a request, measured in the
+    ninth session; made on first use, on the loop that uses it)."""
+
     def __init__(self, base_url: str, timeout_s: float = 660.0, max_retries: int = 4, backoff_s: float = 0.25) -> None:
         self.base_url = base_url.rstrip("/")
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, verify=_tls_context())
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
         self._headers: dict[str, str] = {}
         self.session_id = ""
         self.num_submits = 0  # batches sent (thousands of calls take a handful)
@@ -58,39 +69,51 @@ class ApiTransport:
         self.backoff_s = backoff_s
         self.num_retries = 0  # requests sent again after a transient fault
 
-    async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> httpx.Response:
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            jar = aiohttp.DummyCookieJar()  # the API sets no cookies
+            self._http = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=jar, trust_env=True)
+        return self._http
+
+    async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> _Answer:
         """One request, retried on transient faults (module docstring); ParrotError(503) if the
-        manager stays unreachable. `stream`: the body is left unread (the caller closes it)."""
+        manager stays unreachable. `stream`: a success's body is left unread in `stream` (the
+        caller releases it)."""
         idempotent = method in ("GET", "DELETE")
+        url = self.base_url + path
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             delay = min(_MAX_BACKOFF_S, self.backoff_s * 2**attempt)
             try:
-                resp = await self._http.send(self._http.build_request(method, path, **kw), stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never reached the server
+                resp = await self._client().request(method, url, **kw)
+                if stream and resp.status < 400:
+                    return _Answer(resp.status, resp.headers, b"", resp)
+                try:
+                    answer = _Answer(resp.status, resp.headers, await resp.read())
+                finally:
+                    resp.release()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:  # never reached the server
                 if last:
                     raise ParrotError(f"cannot reach the manager at {self.base_url}: {e}", status=503) from e
-            except httpx.TransportError as e:  # may have reached it
+            except (aiohttp.ClientError, TimeoutError) as e:  # may have reached it
                 if last or not idempotent:
                     raise ParrotError(
                         f"the connection to the manager failed: {type(e).__name__}: {e}", status=503
                     ) from e
             else:
-                status = resp.status_code
-                if stream and status in _RETRY_STATUSES:
-                    await resp.aread()  # an error body, short: read to tell the manager's from a proxy's
-                refused = status in (429, 503) and _is_parrot_error(resp)  # nothing was applied
+                status = answer.status
+                refused = status in (429, 503) and _is_parrot_error(answer)  # nothing was applied
                 if last or status not in _RETRY_STATUSES or not (idempotent or refused):
-                    return resp
-                await resp.aclose()
-                retry_after = resp.headers.get("retry-after", "")
+                    return answer
+                retry_after = answer.headers.get("retry-after", "")
                 delay = min(_MAX_BACKOFF_S, float(retry_after)) if retry_after.isdigit() else delay
             self.num_retries += 1
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
 
     async def create_session(self, api_key: str, idle_timeout_s: float | None) -> SessionCreated:
         body = CreateSessionRequest(idle_timeout_s=idle_timeout_s).model_dump(mode="json")
@@ -123,19 +146,20 @@ class ApiTransport:
             self._path(f"/variables/{var_id}"),
             params=params,
             headers=self._headers,
-            timeout=httpx.Timeout(timeout_s + 30.0, connect=10.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s + 30.0),
         )
         return VariableValue.model_validate(_checked(resp))
 
     async def stream_variable(self, var_id: str, criteria: Criteria) -> AsyncIterator[str]:
         path = self._path(f"/variables/{var_id}/stream")
         params = {"criteria": criteria.value}
-        resp = await self._request("GET", path, stream=True, params=params, headers=self._headers)
+        answer = await self._request("GET", path, stream=True, params=params, headers=self._headers)
+        if answer.stream is None:
+            _checked(answer)
+            raise ParrotError("the variable stream answered no stream", status=502)
+        resp = answer.stream
         try:
-            if resp.status_code >= 400:
-                await resp.aread()
-                _checked(resp)
-            async for line in resp.aiter_lines():
+            async for line in text_lines(resp.content.iter_any()):
                 if not line.strip():
                     continue
                 chunk = StreamChunk.model_validate_json(line)
@@ -144,8 +168,10 @@ class ApiTransport:
                 if chunk.done:
                     return
                 yield chunk.text
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ParrotError(f"the variable stream broke: {type(e).__name__}: {e}", status=503) from e
         finally:
-            await resp.aclose()
+            resp.release()
         raise ParrotError("the variable stream ended without a last line", status=502)
 
     async def cancel_call(self, call_id: str) -> None:
@@ -159,21 +185,21 @@ class ApiTransport:
         return f"/v1/sessions/{self.session_id}{tail}"
 
 
-def _is_parrot_error(resp: httpx.Response) -> bool:
+def _is_parrot_error(answer: _Answer) -> bool:
     """The answer is the manager's own error body (ParrotError.to_dict), not a proxy's."""
     try:
-        body = resp.json()
+        body = answer.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
     error = body.get("error") if isinstance(body, dict) else None
-    return isinstance(error, dict) and error.get("status") == resp.status_code
+    return isinstance(error, dict) and error.get("status") == answer.status
 
 
-def _checked(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
+def _checked(answer: _Answer) -> Any:
+    if answer.status >= 400:
         try:
-            body = resp.json()
-        except json.JSONDecodeError:
-            body = {"detail": resp.text or resp.reason_phrase}
-        raise ParrotError.from_dict(body, resp.status_code)
-    return resp.json() if resp.content else None
+            body = answer.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = {"detail": answer.body.decode(errors="replace") or f"HTTP {answer.status}"}
+        raise ParrotError.from_dict(body, answer.status)
+    return answer.json() if answer.body else None

@@ -122,6 +122,7 @@ class Manager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.prefixes.clear(self.pool.handles), timeout=10.0)
         await self.executor.stop()
+        await self.pool.close_clients()
 
     # --- engines ----------------------------------------------------------------------------------
 
@@ -150,8 +151,7 @@ class Manager:
         self.executor.engines_changed()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.executor.drain(), timeout=10.0)  # frees on it end first
-        if (aclose := getattr(handle.client, "aclose", None)) is not None:
-            await aclose()
+        await self.pool.close_clients([handle])
         return handle
 
     def _engine_died(self, handle: EngineHandle) -> None:

@@ -1,7 +1,8 @@
-"""EnginePool.for_model: the engine whose tokenizer and context length a call of a model uses."""
+"""EnginePool: the engine a call of a model uses (for_model), and closing the clients it owns."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import pytest
@@ -32,3 +33,24 @@ def test_for_model_names_a_model_no_engine_serves() -> None:
     pool = pool_of(("m", True))
     with pytest.raises(KeyError, match="no engine serves model 'x'"):
         pool.for_model("x")
+
+
+class Closable:
+    def __init__(self) -> None:
+        self.num_closed = 0
+
+    async def aclose(self) -> None:
+        self.num_closed += 1
+
+
+def test_close_clients_closes_each_client_that_can_be_closed_once() -> None:
+    """The manager owns the engine clients it was given: stopping it closes them (an in-process
+    engine, without `aclose`, is skipped); closing chosen handles closes only theirs."""
+    clients = [Closable(), object(), Closable()]
+    pool = pool_of(("m", True), ("m", True), ("m", True))
+    for handle, client in zip(pool.handles.values(), clients, strict=True):
+        handle.client = cast(Any, client)
+    asyncio.run(pool.close_clients([pool.handles["e2"]]))
+    assert [cast(Closable, clients[0]).num_closed, cast(Closable, clients[2]).num_closed] == [0, 1]
+    asyncio.run(pool.close_clients())
+    assert [cast(Closable, clients[0]).num_closed, cast(Closable, clients[2]).num_closed] == [1, 2]

@@ -89,6 +89,13 @@ class EnginePool:
             self.default_model = handle.model
         return handle
 
+    async def close_clients(self, handles: Sequence[EngineHandle] | None = None) -> None:
+        """Close these engines' clients (all: when the manager stops; it owns the clients it was
+        given). A client without `aclose` (an in-process engine) has nothing to close."""
+        for handle in self.handles.values() if handles is None else handles:
+            if (aclose := getattr(handle.client, "aclose", None)) is not None:
+                await aclose()
+
     @property
     def tokenizer_folder(self) -> Path | None:
         """The one tokenizer folder given for every engine, if any (else each engine says its own)."""
