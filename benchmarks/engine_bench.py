@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every engine; medians are reported")
     ap.add_argument("--out", type=Path, default=OUT, help="where engine.{json,md} go (one folder per kind of CPU)")
+    ap.add_argument("--prefill-prompts", type=int, default=3, help="prompts per prefill length, every engine")
     a = ap.parse_args()
     a.dtype = resolve_dtype(a.dtype)  # every engine in the same dtype
     lengths = [128, 512] if a.quick else [128, 512, 2048]
@@ -121,7 +122,7 @@ def main() -> None:
     }
     print(f"engine benchmark: {DEFAULT_MODEL} {a.dtype}, prefill {lengths}, decode batches {batches}", flush=True)
     with contextlib.ExitStack() as stack:
-        probe = ParrotEngineProbe(str(folder), a.dtype)
+        probe = ParrotEngineProbe(str(folder), a.dtype, repeats=a.prefill_prompts)
         stack.callback(probe.close)
         results["native_kernels"] = probe.engine.native_kernels
         weight_bytes = read_weight_bytes(probe.engine.model)
@@ -129,14 +130,14 @@ def main() -> None:
         if not a.no_hf:
             from benchmarks.peers.hf_engine import HFPeer
 
-            probes["transformers"] = HFPeer(folder, a.dtype, repeats=2)
+            probes["transformers"] = HFPeer(folder, a.dtype, repeats=a.prefill_prompts)
         vllm = None  # the peer with a prefix cache: each round's prompts take a salt of their own
         if not a.no_vllm:
             try:
                 from benchmarks.peers.vllm_server import VLLMPeer, vllm_server
 
                 server = stack.enter_context(vllm_server(folder, extra_args=["--dtype", a.dtype]))
-                vllm = probes["vllm"] = VLLMPeer(server, repeats=2)
+                vllm = probes["vllm"] = VLLMPeer(server, repeats=a.prefill_prompts)
             except FileNotFoundError as exc:
                 print(f"  vllm: skipped ({exc})")
         # Rounds interleave the engines (every engine, then again in reverse order): a machine
