@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.apps import all_scenarios, chain_summary, map_reduce
-from benchmarks.apps.common import Corpus, Scenario
+from benchmarks.apps.common import Corpus, Scenario, salt_digits
 from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
 from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
@@ -357,9 +357,11 @@ def test_salted_corpus_keeps_runs_apart(tiny_model_folder: Path) -> None:
     corpus = TinyCorpus(Tokenizer(tiny_model_folder))
     doc = corpus.documents(1, 0)[0]
     plain = corpus.chunks(doc, 16, 2)
-    a, b = corpus.salted("parrot-0"), corpus.salted("parrot-1")
-    assert a.chunks(doc, 16, 2) == ["(run parrot-0) " + c for c in plain]
-    assert b.truncate(doc.text, 8).startswith("(run parrot-1) ")
+    a, b = corpus.salted("chain/parrot_vllm-0"), corpus.salted("chain/d-0")
+    assert a.chunks(doc, 16, 2) == [f"(run {salt_digits('chain/parrot_vllm-0')}) " + c for c in plain]
+    assert b.truncate(doc.text, 8).startswith(f"(run {salt_digits('chain/d-0')}) ")
+    assert len({a.salt_prefix, b.salt_prefix}) == 2  # runs apart
+    assert len(corpus.tokenizer.encode(a.salt_prefix)) == len(corpus.tokenizer.encode(b.salt_prefix))
     assert corpus.chunks(doc, 16, 2) == plain  # the base corpus is unchanged
     assert a._ids is corpus._ids  # tokenizations are shared, not redone per run
 
