@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -62,6 +64,7 @@ class ApiTransport:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self._proxy = _env_proxy(self.base_url)
         self._headers: dict[str, str] = {}
         self.session_id = ""
         self.num_submits = 0  # batches sent (thousands of calls take a handful)
@@ -72,7 +75,7 @@ class ApiTransport:
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
             jar = aiohttp.DummyCookieJar()  # the API sets no cookies
-            self._http = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=jar, trust_env=True)
+            self._http = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=jar)
         return self._http
 
     async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> _Answer:
@@ -85,7 +88,7 @@ class ApiTransport:
             last = attempt == self.max_retries
             delay = min(_MAX_BACKOFF_S, self.backoff_s * 2**attempt)
             try:
-                resp = await self._client().request(method, url, **kw)
+                resp = await self._client().request(method, url, proxy=self._proxy, **kw)
                 if stream and resp.status < 400:
                     return _Answer(resp.status, resp.headers, b"", resp)
                 try:
@@ -183,6 +186,16 @@ class ApiTransport:
 
     def _path(self, tail: str) -> str:
         return f"/v1/sessions/{self.session_id}{tail}"
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (`HTTP_PROXY` / `HTTPS_PROXY`, unless `NO_PROXY`
+    covers its host), read once per session: aiohttp's `trust_env` reads it (and ~/.netrc) at every
+    request, 0.37 ms of CPU each (0.65 against 0.28 ms a GET, measured in the ninth session)."""
+    parts = urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 def _is_parrot_error(answer: _Answer) -> bool:

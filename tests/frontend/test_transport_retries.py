@@ -153,3 +153,13 @@ def test_a_submit_that_may_have_arrived_is_never_sent_twice(status: int, proxy: 
                 await api.aclose()
 
         asyncio.run(main())
+
+
+def test_the_environments_proxy_is_read_once_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY / NO_PROXY are honored as `trust_env` would, but read at the session's start."""
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "manager.local")
+    proxies = [ApiTransport(u)._proxy for u in ("http://manager.internal:8000", "http://manager.local:8000")]
+    assert proxies == ["http://proxy.example:3128", None]
