@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from multidict import CIMultiDictProxy
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.framing import text_lines
@@ -48,7 +47,7 @@ class _Answer:
     """A response with its body read (or, for a stream, left to read from `stream`)."""
 
     status: int
-    headers: CIMultiDictProxy[str]
+    headers: Mapping[str, str]  # case-insensitive (aiohttp's)
     body: bytes
     stream: aiohttp.ClientResponse | None = None
 
