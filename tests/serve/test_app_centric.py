@@ -71,23 +71,34 @@ def test_latency_calls_never_exceed_the_cap_but_throughput_lifts_it() -> None:
     calls = [
         ready("s", "l0", 0, objective=LAT),
         ready("s", "l1", 1, objective=LAT),
-        ready("s", "t0", 2, objective=TPUT),
-        ready("s", "t1", 3, objective=TPUT),
+        ready("s", "l2", 2, objective=LAT),
+        ready("s", "t0", 3, objective=TPUT),
+        ready("s", "t1", 4, objective=TPUT),
     ]
     p = plan(calls, engines)
-    # e0 hosts latency work: one more call reaches its cap of 4. e1 runs throughput work only
-    # (5 of 6): a latency call there would exceed the cap, a throughput call fits.
-    assert placed(p) == {"l0": "e0", "t0": "e1"}
-    assert p.blocked == (("s", "l1"), ("s", "t1"))
+    # e0 hosts latency work: one more latency call reaches its cap of 4. e1 runs throughput work
+    # only (5 of 6), placed while it hosted no latency work: those do not hold a latency call
+    # back (l1 takes its last slot); once it hosts one, no throughput call starts past the cap.
+    assert placed(p) == {"l0": "e0", "l1": "e1"}
+    assert p.blocked == (("s", "l2"), ("s", "t0"), ("s", "t1"))
+
+
+def test_throughput_calls_running_never_hold_a_latency_call_back() -> None:
+    """A latency call on an engine full of throughput work (past the latency cap, under its plain
+    limit) is dispatched; the throughput call behind it waits until the engine is under the cap."""
+    p = plan([ready("s", "t", 0, objective=TPUT), ready("s", "l", 1, objective=LAT)], [engine("e0", 10, cap=4)])
+    assert [placed(p), p.blocked] == [{"l": "e0"}, (("s", "t"),)]
 
 
 def test_a_call_that_fits_nowhere_reserves_the_engine_that_frees_first() -> None:
-    engines = [engine("e0", running=4, cap=2, max_running=8), engine("e1", running=6, cap=2, max_running=8)]
-    calls = [ready("s", "lat", 0, objective=LAT), ready("s", "bulk", 1, objective=TPUT)]
-    p = plan(calls, engines)
-    # `lat` waits for e0 to drain below its cap; `bulk` may not take e0's slots meanwhile.
-    assert placed(p) == {"bulk": "e1"}
-    assert p.blocked == (("s", "lat"),)
+    engines = [engine("e0", running=4, latency=1, cap=4, max_running=8), engine("e1", running=5, latency=2, cap=4)]
+    old = ready("s", "old_bulk", 0, objective=TPUT, ready_since=0.0)
+    calls = [old, ready("s", "lat", 1, objective=LAT, ready_since=9.0)]
+    p = plan(calls, engines, now=10.0, aging_s=5.0)
+    # The aged throughput call ranks first and fits nowhere (both engines host latency work, at
+    # their cap of 4 calls): it reserves e0, which frees first; `lat`, which would fit on the less
+    # loaded e0, takes e1 instead.
+    assert [placed(p), p.blocked] == [{"lat": "e1"}, (("s", "old_bulk"),)]
 
 
 def test_a_task_group_is_placed_together_when_it_fits() -> None:

@@ -13,7 +13,9 @@ the engine holding the call's longest cached prefix, the engine already running 
 the engine running its application, the least loaded. A task group is placed on one engine when
 all its ready members fit there. Room follows the objectives an engine hosts (capacity.py):
 while it runs latency-critical work it takes at most its calibrated latency cap of calls; with
-throughput work alone, its plain limit. A ready call that fits nowhere reserves the engine that
+throughput work alone, its plain limit; a latency-critical call counts only the latency-critical
+calls against that cap (throughput calls running already never hold it back, and no new one
+starts past the cap while it runs). A ready call that fits nowhere reserves the engine that
 will have room first, so later-ranked work cannot take that engine's freed slots forever.
 Early fills (pipelining) go to the engine the call will most likely run on.
 """
@@ -159,7 +161,11 @@ def _share(cap: int, load: _Load) -> int:
 
 def _fits(e: EngineView, load: _Load, num_calls: int, any_latency: bool, tenant: str) -> bool:
     cap = _cap(e, load, any_latency)
-    if load.running[e.engine_id] + num_calls <= cap:
+    # Latency-critical work counts against the cap with the engine's other latency-critical work
+    # only: throughput calls it already runs (placed while it hosted none) never hold it back, as
+    # waiting would not shrink their batch, only delay the call the engine would run first.
+    occupied = load.latency[e.engine_id] if any_latency else load.running[e.engine_id]
+    if occupied + num_calls <= cap and load.running[e.engine_id] + num_calls <= e.max_running_calls:
         return True
     # With several tenants, each may run its share of the cap whatever the others run: another
     # tenant's flood, even one dispatched before the cap was calibrated down, does not keep it
