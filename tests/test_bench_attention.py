@@ -25,5 +25,5 @@ def test_first_per_context_path_matches_the_engine_path(native: bool) -> None:
     ref, engine = PerContextV1(cache, 9, 3, 64, native), PagedAttention(cache, 9, 3, 64, native)
     ref.prepare_decode(seqs)
     engine.prepare_decode(seqs)
-    assert engine.native_decode == native
+    assert engine.native == native
     torch.testing.assert_close(ref.decode(0, q), engine.decode(0, q), atol=4e-3, rtol=1.6e-2)

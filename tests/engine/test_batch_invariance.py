@@ -1,5 +1,6 @@
 """Batch-invariant mode in bf16 (`EngineConfig.batch_invariant`): a sequence's tokens and logprobs
-are bit-identical alone, in a concurrent batch, from a forked prefix and with chunked prefill; and
+are bit-identical alone, in a concurrent batch, from a forked prefix, with chunked prefill and
+after generated tokens (as if they had been filled); and
 the row-invariant linear gives each row the same bits at every row count."""
 
 from __future__ import annotations
@@ -139,6 +140,22 @@ def test_chunked_prefill_equals_one_shot(engine: LLMEngine, bf16_model_folder: P
         assert together(chunked, prompts, samplings) == expected
     finally:
         chunked.stop()
+
+
+def test_generated_tokens_continue_like_the_same_tokens_filled(engine: LLMEngine) -> None:
+    """A multi-output template: text appended after generated tokens continues exactly as the whole
+    text filled in one piece (generated tokens' K/V come from decode rows, filled ones from
+    prefill chunks: the same bits)."""
+    head, tail = prompt(400, 150), prompt(401, 90)
+    sync_client.fill(engine, FillRequest(context_id="turns", token_ids=head))
+    try:
+        first = outputs(sync_client.generate(engine, GenerateRequest(context_id="turns", sampling=GREEDY)))[0]
+        sync_client.fill(engine, FillRequest(context_id="turns", token_ids=tail, append=True))
+        second = outputs(sync_client.generate(engine, GenerateRequest(context_id="turns", sampling=GREEDY)))
+    finally:
+        engine.free_context(FreeContextRequest(context_id="turns"))
+    assert len(first) == 8 and len(second[0]) == 8
+    assert alone(engine, head + first + tail, GREEDY) == second
 
 
 def test_engine_reports_the_mode_and_the_cli_sets_it(engine: LLMEngine) -> None:

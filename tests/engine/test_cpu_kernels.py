@@ -95,7 +95,7 @@ def test_paged_decode_matches_the_sdpa_path(num_heads: int, num_kv_heads: int, h
     for native in (True, False):
         backend = PagedAttention(cache, num_heads, num_kv_heads, head_dim, native)
         backend.prepare_decode(specs)
-        assert backend.native_decode is native
+        assert backend.native is native
         with torch.inference_mode():
             outs[native] = backend.decode(0, q)
     assert outs[True].shape == (len(lens), num_heads * head_dim)
@@ -168,7 +168,7 @@ def test_paged_decode_propagates_nan_like_sdpa() -> None:
     cache.k[0, 1, 3, 0, 0] = float("nan")  # token 19 of the second sequence
     backend = PagedAttention(cache, 2, 1, 64, native=True)
     backend.prepare_decode([SeqSpec(1, 16, [0]), SeqSpec(1, 20, [2, 1])])
-    assert backend.native_decode
+    assert backend.native
     with torch.inference_mode():
         out = backend.decode(0, torch.randn(2, 2, 64).bfloat16())
     assert bool(torch.isfinite(out[0]).all()) and bool(torch.isnan(out[1]).all())

@@ -103,7 +103,7 @@ def test_engines_with_and_without_kernels_side_by_side(
     assert torch_engine.stats().native_kernels == "off"
     assert native_engine.stats().native_kernels == kernels.status()
     assert set(pieces(torch_engine.model).values()) <= set(NATIVE_PIECES)  # torch pieces only
-    assert not torch_engine.runner.backend.native_decode and not torch_engine.runner.native_sampling
+    assert not torch_engine.runner.backend.native and not torch_engine.runner.native_sampling
     assert native_engine.runner.native_sampling == kernels.available()
     for engine in (torch_engine, native_engine):
         engine.start()
@@ -147,4 +147,4 @@ def test_an_unavailable_library_is_logged_and_reported(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"native CPU kernels {status}; running on torch ops"]
     assert engine.stats().native_kernels == status
-    assert not engine.runner.backend.native_decode and not engine.runner.native_sampling
+    assert not engine.runner.backend.native and not engine.runner.native_sampling

@@ -1,18 +1,21 @@
 """Row-wise attention ("rowwise"): every row of the step, decode or prefill, attends to its own
-sequence's KV from position 0 through one per-row kernel, so its result depends only on its query
-and its sequence's keys, never on the batch, on how the prompt was chunked, or on whether the
-prefix was forked (the attention of the batch-invariant mode, `EngineConfig.batch_invariant`).
+sequence's KV from position 0 with one fixed per-row arithmetic, so its result depends only on
+its query and its sequence's keys, never on the batch, on how the prompt was chunked, on whether
+the prefix was forked, or on whether a token was generated or filled (the attention of the
+batch-invariant mode, `EngineConfig.batch_invariant`).
 
 Why not the other backends there: a prompt token reaches `PagedAttention` as a prefill row (SDPA
 over its chunk) or, when a chunk holds one token after cached ones, as a decode row (another
 kernel, another rounding); and the shared-prefix cascade splits a row's keys where its group's
-shared prefix ends (which depends on the other rows) and merges the parts by log-sum-exp. Here a
-prefill chunk of T tokens is T rows of lengths S-T+1 .. S, each reduced like a decode row.
+shared prefix ends (which depends on the other rows) and merges the parts by log-sum-exp.
 
-Native: `kernels.paged_decode` over all rows (per (row, KV head): scores in 16-token vectors from
-position 0, one softmax, V in token order). Torch fallback (no native kernels or a float32 cache):
-SDPA one row at a time over exactly its own keys (slow, but the same shape for the same length).
-Ownership: the step's row tables and lengths are built in `prepare` and valid for that step.
+Native: the leading one-token rows (decodes) on `kernels.paged_decode`, each prefill chunk on
+`kernels.paged_prefill`; both run the same per-row arithmetic (keys in 64-token tiles from
+position 0, an online softmax), so which kernel a row takes is a speed choice, not a numeric one
+(the chunk kernel reads each tile once for all its rows). Torch fallback (no native kernels or a
+float32 cache): SDPA one row at a time over exactly its own keys (slow, but the same shape for the
+same length).
+Ownership: the step's row tables, lengths and chunks are built in `prepare`, valid for that step.
 """
 
 from __future__ import annotations
@@ -50,16 +53,34 @@ class RowwiseAttention(PagedAttention):
             row += s.num_new
         self.row_tables = tables  # [N, max_blocks]: row i's sequence's block table
         self.row_lens = lens  # [N]: row i attends to keys [0, row_lens[i])
-        k, v = self.cache.k, self.cache.v  # every row per row: fused layers may take any step natively
-        self.rows = kernels.NativeRows(k, v, slot_mapping, tables, lens, self.scale) if self.native_decode else None
+        self.num_decode = num_ones  # rows one by one on paged_decode; then each sequence a chunk
+        chunks, row = [], num_ones
+        for s in seqs[num_ones:]:
+            chunks.append((row, s.num_new, s.seq_len))
+            row += s.num_new
+        self.chunks = torch.tensor(chunks, dtype=torch.long).reshape(-1, 3)
+        k, v = self.cache.k, self.cache.v  # fused layers may take any step natively
+        self.rows = (
+            kernels.NativeRows(k, v, slot_mapping, tables, lens, self.scale, self.chunks) if self.native else None
+        )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq * D]."""
         self.cache.write(layer, self.slot_mapping, k, v)
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
-        if self.native_decode:
-            return kernels.paged_decode(q, k_cache, v_cache, self.row_tables, self.row_lens, self.scale)
         out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        if self.native:
+            nd = self.num_decode
+            if nd:
+                out[:nd] = kernels.paged_decode(
+                    q[:nd], k_cache, v_cache, self.row_tables[:nd], self.row_lens[:nd], self.scale
+                )
+            for first, n, seq_len in self.chunks.tolist():
+                rows = slice(first, first + n)
+                out[rows] = kernels.paged_prefill(
+                    q[rows], k_cache, v_cache, self.row_tables[first], seq_len, self.scale
+                )
+            return out
         bs, hkv, d = self.cache.block_size, self.num_kv_heads, self.head_dim
         row = 0
         for s in self.seqs:

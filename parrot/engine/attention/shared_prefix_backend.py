@@ -65,7 +65,7 @@ class SharedPrefixAttention(PagedAttention):
     def step_grouping(self) -> GroupingConfig:
         if self.grouping is not None:
             return self.grouping
-        return NATIVE_GROUPING if self.native_decode else GroupingConfig()
+        return NATIVE_GROUPING if self.native else GroupingConfig()
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
         self.plan = self.cascade = self.pieces = None
@@ -77,7 +77,7 @@ class SharedPrefixAttention(PagedAttention):
             if plan.segments:
                 self.plan = plan
                 self.num_shared_steps += 1
-                if self.native_decode:
+                if self.native:
                     self.pieces = native_pieces(plan, self.cache.block_size)
                 else:
                     self.prepare_shared(plan)

@@ -3,13 +3,14 @@
 The model (parrot.engine.model) is plain torch and the reference. `apply_native(model)` swaps its
 pieces for native ones (transform.py); the engine applies it once after loading when
 `EngineConfig.cpu_kernels` is set, and hands the same on/off to its attention backend (native
-decode attention, decode.py) and its sampler (native greedy argmax + logsumexp). There is no
+decode and prefill attention, decode.py) and its sampler (native greedy argmax + logsumexp). There is no
 global switch: a model or backend built without the kernels runs torch ops, whatever else runs
 in the process.
 
 - library.py: builds cpu_kernels.c with gcc once per process (ctypes), its signatures, `status()`;
 - ops.py: the native ops with their torch fallbacks (linear, RMSNorm, RoPE, SiLU*up, argmax);
-- decode.py: decode attention over the paged KV cache (per context and shared-prefix cascade);
+- decode.py: attention over the paged KV cache, read in place: decode (per context and
+  shared-prefix cascade) and the causal prefill of a chunk;
 - pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
 - fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows;
 - transform.py: `apply_native`, which swaps them in;
@@ -28,6 +29,7 @@ from parrot.engine.kernels.decode import (
     paged_decode,
     paged_decode_on,
     paged_decode_supported,
+    paged_prefill,
 )
 from parrot.engine.kernels.fused import FusedDecoderLayer, NativeRows, set_fused
 from parrot.engine.kernels.invariant import apply_batch_invariant
@@ -76,6 +78,7 @@ __all__ = [
     "paged_decode",
     "paged_decode_on",
     "paged_decode_supported",
+    "paged_prefill",
     "rms_norm",
     "rope",
     "rowwise_linear",

@@ -1,11 +1,13 @@
-"""Native decode attention over the paged KV cache: one query token per sequence.
+"""Native attention over the paged KV cache: decode (one query token per sequence) and prefill.
 
 `paged_decode` attends each sequence to its own KV, read in place through its block table;
 `cascade_decode` reads each shared prefix once for all the rows that share it (`CascadePieces`:
-the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp. Both run the
-C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`) through the library
-that library.py loads. An attention backend decides once, when it is built, whether it decodes
-natively (`paged_decode_on`, given the engine's setting).
+the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp;
+`paged_prefill` is the causal attention of one prefill chunk over its sequence (flash-style, bf16
+dot products; a row's result depends only on its sequence, not on how the prompt was chunked).
+They run the C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`,
+`parrot_paged_prefill`) through the library that library.py loads. An attention backend decides
+once, when it is built, whether it attends natively (`paged_decode_on`, given the engine's setting).
 """
 
 from __future__ import annotations
@@ -134,4 +136,29 @@ def cascade_decode(
     failed = lib.parrot_cascade_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
     if failed:
         raise MemoryError(f"cascade_decode: {failed} work items could not allocate their buffers")
+    return out
+
+
+def paged_prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int, scale: float
+) -> torch.Tensor:
+    """Causal attention of one prefill chunk over its sequence's paged KV, read in place: q [T, Hq, D]
+    (rows may be strided) are the queries of positions seq_len - T .. seq_len - 1, whose K/V are
+    already in the cache; k/v_cache [blocks, bs, Hkv, D]; block_ids: the sequence's blocks (int64,
+    at least ceil(seq_len / bs)) -> [T, Hq * D]. Callers check `paged_decode_on` first."""
+    lib = _checked_decode_lib("paged_prefill", q, k_cache, v_cache, block_ids)
+    t, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    ids = block_ids.contiguous().long()
+    if not 1 <= t <= seq_len or ids.numel() * bs < seq_len:
+        raise ValueError(f"paged_prefill: {t} queries, {seq_len} tokens, {ids.numel()} blocks of {bs}")
+    out = torch.empty(t, hq * d, dtype=torch.bfloat16)
+    padded = -(-seq_len // 64) * 64  # the kernel's key tile
+    kpack = torch.empty(hkv * padded * d, dtype=torch.bfloat16)
+    vpack = torch.empty_like(kpack)
+    head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), ids.data_ptr(), t, seq_len)
+    bufs = (out.data_ptr(), kpack.data_ptr(), vpack.data_ptr())
+    failed = lib.parrot_paged_prefill(*head, *bufs, hq, hkv, d, bs, scale, torch.get_num_threads())
+    if failed:
+        raise MemoryError(f"paged_prefill: {failed} work items could not allocate their buffers")
     return out

@@ -8,9 +8,10 @@ index_copy_, an output allocation per op), each with Python dispatch and argumen
 each ctypes call taking the GIL back; fused, Python
 makes one call per layer and the GIL is free for the whole layer (ctypes releases it).
 
-It takes a step when every piece of it is native and the step's attention says every row attends
-through `paged_decode` per row (`NativeRows`, which the attention backend returns from
-`native_rows()`: the rowwise backend always, the paged backend for steps of decode rows only),
+It takes a step when every piece of it is native and the step's attention says its rows attend
+through the native paged kernels (`NativeRows`, which the attention backend returns from
+`native_rows()`: the rowwise backend always, its prefill chunks on `paged_prefill`; the paged
+backend for steps of decode rows only),
 with the linears on one kernel: the batch-invariant VNNI kernel at any row count, or the dot
 kernel at up to DOT_MAX_ROWS rows. Anything else (float32, torch pieces, prefill chunks on the
 paged backend, the shared-prefix cascade, AMX or oneDNN row counts, odd shapes, autograd) runs
@@ -43,8 +44,9 @@ LINEAR_VNNI, LINEAR_DOT = 0, 1  # the LY_LINEAR_KIND values of cpu_kernels.c
 
 @dataclass(frozen=True)
 class NativeRows:
-    """A step whose every row attends through `paged_decode` over its own KV: what the attention
-    backend would do in `forward`, as data (valid for the step it was prepared for)."""
+    """A step whose rows attend through the native paged kernels over their own KV: the leading
+    rows one by one (`paged_decode`), then each prefill chunk (`paged_prefill`, the same bits per
+    row): what the attention backend would do in `forward`, as data (valid for its step)."""
 
     k_cache: torch.Tensor  # [layers, blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
@@ -52,6 +54,14 @@ class NativeRows:
     tables: torch.Tensor  # [N, max_blocks] int64
     lens: torch.Tensor  # [N] int64: row i attends to keys [0, lens[i])
     scale: float
+    # [C, 3] int64 (first row, rows, sequence length) of each prefill chunk, in row order, covering
+    # the rows after the per-row ones; None: every row one by one.
+    chunks: torch.Tensor | None = None
+
+    @property
+    def per_row(self) -> int:
+        """The leading rows attended one by one."""
+        return self.lens.shape[0] if self.chunks is None or not len(self.chunks) else int(self.chunks[0, 0])
 
 
 def _bf16(t: torch.Tensor, *shape: int) -> bool:
@@ -69,6 +79,7 @@ class FusedStep:
         self.key: tuple[RotaryStep, NativeRows] | None = None  # held: identity is the step's
         self.desc: torch.Tensor | None = None  # None: this step runs per op
         self.scratch: torch.Tensor | None = None
+        self.pack: torch.Tensor | None = None
         # Layer i writes its (x, h) to outs[i % 2]: the next layer reads them while writing the other.
         self.outs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.out_ptrs: list[tuple[int, int]] = []
@@ -76,7 +87,14 @@ class FusedStep:
     def get(self, cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> torch.Tensor | None:
         if self.key is not None and self.key[0] is rotary and self.key[1] is rows:
             return self.desc
-        self.key, self.desc, self.scratch, self.outs, self.out_ptrs = (rotary, rows), None, None, [], []
+        self.key, self.desc, self.scratch, self.pack, self.outs, self.out_ptrs = (
+            (rotary, rows),
+            None,
+            None,
+            None,
+            [],
+            [],
+        )
         if not self._takes(cfg, rotary, rows, n):
             return None
         hq, hkv, d, hidden, inter = (
@@ -97,13 +115,18 @@ class FusedStep:
         fields += [rows.tables.shape[1], rows.lens.data_ptr(), rotary.positions.data_ptr()]
         fields += [rotary.cos_table.data_ptr(), rotary.sin_table.data_ptr(), k.data_ptr(), rows.v_cache.data_ptr()]
         fields += [k[0].numel(), k.shape[2], self.scratch.data_ptr(), torch.get_num_threads()]
+        chunks = rows.chunks if rows.chunks is not None else torch.empty(0, 3, dtype=torch.long)
+        # paged_prefill's packed K and V tiles, sized for the longest chunk's sequence
+        longest = int(chunks[:, 2].max()) if len(chunks) else 0
+        self.pack = torch.empty(2 * hkv * -(-longest // 64) * 64 * d, dtype=torch.bfloat16)
+        fields += [rows.per_row, chunks.data_ptr(), len(chunks), self.pack.data_ptr()]
         self.desc = torch.tensor(fields, dtype=torch.int64)
         return self.desc
 
     def release(self) -> None:
         """Forget the step (the next layer call builds the next one); outputs already returned
         stay valid."""
-        self.key, self.desc, self.scratch, self.outs, self.out_ptrs = None, None, None, [], []
+        self.key, self.desc, self.scratch, self.pack, self.outs, self.out_ptrs = None, None, None, None, [], []
 
     @staticmethod
     def _takes(cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> bool:
@@ -123,10 +146,23 @@ class FusedStep:
             and _int64(rows.tables, n, rows.tables.shape[1])
             and _int64(rotary.positions, n)
             and _int64(rows.lens, n)
+            and (rows.chunks is None or _chunks_cover_tail(rows.chunks, n))
             and all(t.dtype == torch.float32 and t.is_contiguous() and t.shape == cos.shape for t in (cos, sin))
         )
         # (lens >= 1: the per-op path's paged_decode raises otherwise; let it)
         return bool(ok and cfg.hidden_size % 16 == 0 and cfg.intermediate_size % 16 == 0 and int(rows.lens.min()) >= 1)
+
+
+def _chunks_cover_tail(chunks: torch.Tensor, n: int) -> bool:
+    """Chunks of >= 1 row each, back to back, ending at row n (what parrot_decoder_layer reads)."""
+    if not (chunks.dim() == 2 and _int64(chunks, chunks.shape[0], 3)):
+        return False
+    end = int(chunks[0, 0]) if len(chunks) else n
+    for first, rows, seq_len in chunks.tolist():
+        if first != end or rows < 1 or seq_len < rows:
+            return False
+        end += rows
+    return end == n
 
 
 class FusedDecoderLayer(DecoderLayer):

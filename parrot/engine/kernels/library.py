@@ -40,6 +40,8 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # Decode attention: the number of work items that could not allocate (0 on success).
     "parrot_paged_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, *[_I64] * 5, _F32, _INT]),
     "parrot_cascade_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _I64, *[_PTR] * 8, *[_I64] * 5, _F32, _INT]),
+    # Causal prefill attention of one chunk: the number of work items that could not allocate.
+    "parrot_paged_prefill": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, *[_PTR] * 3, *[_I64] * 4, _F32, _INT]),
     "parrot_argmax_logsumexp": (None, [_PTR, _I64, _I64, _PTR, _PTR, _INT]),
     "parrot_rmsnorm": (None, [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT]),
     "parrot_rope": (None, [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT]),
