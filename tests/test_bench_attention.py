@@ -27,3 +27,17 @@ def test_first_per_context_path_matches_the_engine_path(native: bool) -> None:
     engine.prepare_decode(seqs)
     assert engine.native == native
     torch.testing.assert_close(ref.decode(0, q), engine.decode(0, q), atol=4e-3, rtol=1.6e-2)
+
+
+def test_prefill_bench_paths_attend_alike() -> None:
+    """The prefill benchmark's three paths compute the same attention (chunk and per row: the same
+    bits), so its ratios compare speed only."""
+    if not kernels.available():
+        pytest.skip("needs gcc and an AVX512-BF16 CPU")
+    from benchmarks.prefill_attention_bench import paths
+
+    with torch.inference_mode():
+        out = {name: fn() for name, fn in paths(40, 170).items()}
+    assert out["chunk"].shape == (40, 9 * 64)
+    assert torch.equal(out["chunk"], out["per row"])
+    torch.testing.assert_close(out["chunk"], out["sdpa"], atol=1e-2, rtol=1.6e-2)
