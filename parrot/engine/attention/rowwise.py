@@ -58,6 +58,7 @@ class RowwiseAttention(PagedAttention):
         for s in seqs[num_ones:]:
             chunks.append((row, s.num_new, s.seq_len))
             row += s.num_new
+        self.chunk_list = chunks  # (first row, rows, sequence length): read by every layer's forward
         self.chunks = torch.tensor(chunks, dtype=torch.long).reshape(-1, 3)
         k, v = self.cache.k, self.cache.v  # fused layers may take any step natively
         self.rows = (
@@ -75,7 +76,7 @@ class RowwiseAttention(PagedAttention):
                 out[:nd] = kernels.paged_decode(
                     q[:nd], k_cache, v_cache, self.row_tables[:nd], self.row_lens[:nd], self.scale
                 )
-            for first, n, seq_len in self.chunks.tolist():
+            for first, n, seq_len in self.chunk_list:
                 rows = slice(first, first + n)
                 out[rows] = kernels.paged_prefill(
                     q[rows], k_cache, v_cache, self.row_tables[first], seq_len, self.scale
