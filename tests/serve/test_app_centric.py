@@ -249,3 +249,18 @@ def test_fair_share_marks_only_a_tenant_under_its_share_beside_one_over_it() -> 
     # b runs 9: a is under its share beside a tenant over its own.
     crowded = plan([ready("sa", "a0", order=1, tenant="a")], [engine("e0", running=9)], tenant_running={"e0": {"b": 9}})
     assert [[d.fair_share for d in p.dispatch] for p in (alone, overlap, crowded)] == [[False], [False], [True]]
+
+
+def test_a_prefix_every_engine_holds_ranks_hot_and_places_as_the_full_map_would() -> None:
+    # The view lists only engines holding more than the floor (what every engine holds).
+    engines = [engine("e0", running=2), engine("e1", running=1), engine("e2", running=3)]
+    floor_only = ready("s", "a", 0, prefix_floor=256, objective=TPUT)
+    full_map = ready("s", "a", 0, prefix_hits=(("e0", 256), ("e1", 256), ("e2", 256)), objective=TPUT)
+    assert placed(plan([floor_only], engines)) == placed(plan([full_map], engines)) == {"a": "e1"}
+    deeper = ready("s", "a", 0, prefix_hits=(("e2", 300),), prefix_floor=256, objective=TPUT)
+    assert placed(plan([deeper], engines)) == {"a": "e2"}
+    # Cache-hot ranking counts the floor: a call with it goes before a colder, earlier one.
+    one = [engine("e0", max_running=1, cap=1)]
+    cold = ready("s", "cold", 0, objective=TPUT)
+    hot = ready("s", "hot", 1, prefix_floor=256, objective=TPUT)
+    assert placed(plan([cold, hot], one)) == {"hot": "e0"}

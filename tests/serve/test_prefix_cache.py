@@ -87,3 +87,37 @@ def test_evictions_take_idle_leaves_least_recently_used_first() -> None:
     # With b idle too, root becomes a leaf once both children go.
     b.num_users = 0
     assert plan_evictions(entries, MemoryView(100, 0, 16), 0.1, 0.5) == [b, root2, a, root]
+
+
+def test_hits_over_floor_leave_out_what_every_engine_holds() -> None:
+    cache = PrefixCache()
+    system = {e: entry(40, e) for e in ("e0", "e1", "e2")}  # a system prompt cached everywhere
+    for e in system.values():
+        cache.add(e)
+    cache.add(entry(90, "e1", system["e1"]))
+    points = (point(40), point(60), point(90))
+    assert cache.hits_over_floor(points, num_engines=3) == ({"e1": 90}, 40)
+    assert cache.hits(points) == {"e0": 40, "e1": 90, "e2": 40}  # the full map, for comparison
+    # A fourth engine that holds nothing: no point is held by all, every holder is listed.
+    assert cache.hits_over_floor(points, num_engines=4) == ({"e0": 40, "e1": 90, "e2": 40}, 0)
+    # Held everywhere at its deepest point too: the floor is that point, nothing is listed.
+    for e in ("e0", "e2"):
+        cache.add(entry(90, e, system[e]))
+    assert cache.hits_over_floor(points, num_engines=3) == ({}, 90)
+    assert cache.hits_over_floor((point(60),), num_engines=3) == ({}, 0)
+
+
+def test_changed_hashes_are_reported_once() -> None:
+    cache = PrefixCache()
+    root = entry(40, "e0")
+    child = entry(90, "e0", root)
+    cache.add(root)
+    cache.add(child)
+    cache.acquire(child, 1.0)  # use counts do not change where a prefix is held
+    assert cache.take_changed() == {"h40", "h90"}
+    assert cache.take_changed() == set()
+    cache.remove(child)
+    assert cache.take_changed() == {"h90"}
+    cache.add(entry(40, "e1"))
+    cache.drop_engine("e0")
+    assert cache.take_changed() == {"h40"}

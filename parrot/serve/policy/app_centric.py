@@ -131,7 +131,7 @@ def _rank(call: CallView, snapshot: Snapshot, tenant_load: int) -> tuple[int, in
     it ahead of another tenant; one tenant: no effect), then aged, latency-critical, priority,
     cache hotness, submission order."""
     aged = snapshot.aging_s > 0 and snapshot.now - call.ready_since >= snapshot.aging_s
-    best_hit = max((n for _, n in call.prefix_hits), default=0)
+    best_hit = max((n for _, n in call.prefix_hits), default=call.prefix_floor)
     latency = call.objective is Objective.LATENCY
     return (tenant_load, 0 if aged else 1, 0 if latency else 1, -call.priority, -best_hit, call.order)
 

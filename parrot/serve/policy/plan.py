@@ -41,6 +41,9 @@ class CallView:
     task_group: str | None = None  # unique across sessions
     pinned: bool = False  # its own context exists on `engine_id`: it must run there
     prefix_hits: tuple[tuple[str, int], ...] = ()  # (engine_id, tokens of its longest prefix cached there)
+    # Tokens of its prompt that every engine of its model holds; those engines are in prefix_hits
+    # only where they hold more (a system prompt cached everywhere is no reason to prefer one).
+    prefix_floor: int = 0
     ready_since: float = 0.0  # monotonic time it became ready to run (aging)
     tenant: str = ""  # its session's tenant (fair share)
 

@@ -93,6 +93,8 @@ class CallRun:
     # What the policy sees of it while waiting (views.py); reset when it leaves waiting.
     view: CallView | None = None
     prefix_points: tuple[PrefixPoint, ...] = ()  # of its ready prefix
+    prefix_hashes: frozenset[str] = frozenset()  # theirs: a change to one of them refreshes its hits
+    hits_stale: bool = False  # its view's prefix hits were not computed since its points were
     ready_since: float | None = None  # when all its inputs were first seen set
     ready_at: float | None = None  # ready_since when it last left waiting (metrics: queue time)
 
@@ -112,6 +114,7 @@ class CallRun:
         """Dispatched or failed: forget what the policy saw of it."""
         self.ready_at = self.ready_since if self.ready_since is not None else self.ready_at
         self.view, self.prefix_points, self.ready_since, self.dirty = None, (), None, False
+        self.prefix_hashes, self.hits_stale = frozenset(), False
 
     def unplace(self) -> None:
         """Its early work is lost (runner retired): it may be placed anywhere again."""

@@ -61,6 +61,7 @@ class PrefixCache:
         self._by_engine: dict[str, dict[str, PrefixEntry]] = {}  # engine_id -> hash -> entry
         self._seen: OrderedDict[str, tuple[CallKey, ...]] = OrderedDict()  # hash -> up to 2 calls
         self._max_seen = max_seen
+        self._changed: set[str] = set()  # hashes whose engines changed since `take_changed`
 
     # --- lookups --------------------------------------------------------------------------------
 
@@ -84,6 +85,29 @@ class PrefixCache:
                 out[engine_id] = point.num_tokens  # points ascend: the last one wins
         return out
 
+    def hits_over_floor(self, points: Sequence[PrefixPoint], num_engines: int) -> tuple[dict[str, int], int]:
+        """(`hits` without the engines whose longest is the floor, the floor): the floor is the
+        longest of `points` that all `num_engines` engines of the model hold (0: none is held by
+        all). Cheap where every engine holds a shared system prompt: the points are read from the
+        longest down, and the engines that hold only the floor are not listed (they all hold it,
+        so it says nothing about where the call should run)."""
+        out: dict[str, int] = {}
+        for point in reversed(points):
+            holders = self._entries.get(point.prefix_hash)
+            if not holders:
+                continue
+            if len(holders) >= num_engines:
+                return out, point.num_tokens
+            for engine_id in holders:
+                out.setdefault(engine_id, point.num_tokens)  # points descend: the first one wins
+        return out, 0
+
+    def take_changed(self) -> set[str]:
+        """The prefix hashes whose set of holding engines changed since the last call (an entry
+        added or removed): only calls with one of them have new `hits`."""
+        changed, self._changed = self._changed, set()
+        return changed
+
     def entries(self, engine_id: str | None = None) -> list[PrefixEntry]:
         if engine_id is not None:
             return list(self._by_engine.get(engine_id, {}).values())
@@ -96,6 +120,7 @@ class PrefixCache:
             raise KeyError(f"prefix {entry.prefix_hash} is cached on {entry.engine_id} already")
         self._entries.setdefault(entry.prefix_hash, {})[entry.engine_id] = entry
         self._by_engine.setdefault(entry.engine_id, {})[entry.prefix_hash] = entry
+        self._changed.add(entry.prefix_hash)
         if entry.parent is not None:
             entry.parent.num_children += 1
 
@@ -107,6 +132,7 @@ class PrefixCache:
         if not self._entries[entry.prefix_hash]:
             del self._entries[entry.prefix_hash]
         del self._by_engine[entry.engine_id][entry.prefix_hash]
+        self._changed.add(entry.prefix_hash)
         if entry.parent is not None:
             entry.parent.num_children -= 1
         return True
@@ -115,6 +141,7 @@ class PrefixCache:
         """Forget every entry of a dead engine; returns them."""
         dropped = list(self._by_engine.pop(engine_id, {}).values())
         for entry in dropped:
+            self._changed.add(entry.prefix_hash)
             per_hash = self._entries.get(entry.prefix_hash, {})
             per_hash.pop(engine_id, None)
             if not per_hash:

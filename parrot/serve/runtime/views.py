@@ -4,7 +4,9 @@ run record (call_run.py), and the snapshot built from the records and the engine
 A view is recomputed when its call is marked dirty (an input set or failed, a new deduced
 objective, an early fill). Its prefix points are computed then too, and noted in the prefix index
 (so prefixes that several known calls share are cached before either runs); its prefix hits are
-refreshed at every snapshot, since other calls create and evict cached prefixes all the time.
+refreshed at a snapshot when the index's engines for one of its points changed since the last
+snapshot (other calls create and evict cached prefixes all the time; the rest keep theirs, so a
+step with 10k waiting calls does not look each of them up again).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class CallViews:
         self.config = config
         self.cache = cache
         self.placed = Placements()  # where the running calls are; the executor adds and removes them
+        self._num_engines: dict[str, int] = {}  # model -> engines serving it, at the last snapshot
 
     def update(self, key: CallKey, variables: Mapping[str, Variable], run: CallRun) -> None:
         """Compute the waiting call's view (and prefix points) into its record."""
@@ -46,6 +49,8 @@ class CallViews:
             _, points = prompt_points(call, variables, tokenizer, num_ready, self.config.prefix_block_tokens)
             self.cache.note_call(key, points)
         run.prefix_points = points
+        run.prefix_hashes = frozenset(p.prefix_hash for p in points)
+        run.hits_stale = True
         run.view = CallView(
             key=key,
             model=call.model,
@@ -94,15 +99,29 @@ class CallViews:
         )
 
     def current(self, runs: Iterable[CallRun]) -> tuple[CallView, ...]:
-        """Every waiting call's view, with its prefix hits as the index has them now."""
+        """Every waiting call's view, with its prefix hits as the index has them now (refreshed
+        where a point's engines changed since the last snapshot: every waiting call is passed)."""
+        cache = self.cache
+        changed = cache.take_changed() if cache is not None else set()
+        num_engines: dict[str, int] = {}
+        for h in self.pool.handles.values():
+            num_engines[h.model] = num_engines.get(h.model, 0) + 1
+        every = num_engines != self._num_engines  # the floor's meaning changed: every call again
+        self._num_engines = num_engines
         views = []
         for run in runs:
             view = run.view
             if view is None:
                 continue
-            if self.cache is not None and run.prefix_points:
-                hits = tuple(sorted(self.cache.hits(run.prefix_points).items()))
-                if hits != view.prefix_hits:
-                    view = run.view = dataclasses.replace(view, prefix_hits=hits)
+            if (
+                cache is not None
+                and run.prefix_points
+                and (every or run.hits_stale or not changed.isdisjoint(run.prefix_hashes))
+            ):
+                run.hits_stale = False
+                over, floor = cache.hits_over_floor(run.prefix_points, num_engines.get(view.model, 0))
+                hits = tuple(sorted(over.items()))
+                if hits != view.prefix_hits or floor != view.prefix_floor:
+                    view = run.view = dataclasses.replace(view, prefix_hits=hits, prefix_floor=floor)
             views.append(view)
         return tuple(views)
