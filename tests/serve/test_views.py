@@ -19,7 +19,7 @@ def entry(n: int, engine_id: str) -> PrefixEntry:
 
 def waiting(call_id: str, points: tuple[PrefixPoint, ...]) -> CallRun:
     run = CallRun(call=SimpleNamespace(call_id=call_id), order=0)  # type: ignore[arg-type]
-    run.view = CallView((("s", call_id)), "m", 0, True, None, 1, 0, None)
+    run.view = CallView(("s", call_id), "m", 0, True, None, 1, 0, None)
     run.prefix_points = points
     run.prefix_hashes = frozenset(p.prefix_hash for p in points)
     run.hits_stale = True
