@@ -65,3 +65,26 @@ def test_without_latency_work_the_whole_budget_is_used() -> None:
 def test_config_rejects_a_non_positive_prefill_budget() -> None:
     with pytest.raises(ValueError, match="latency_prefill_tokens"):
         EngineConfig(latency_prefill_tokens=0)
+
+
+def test_a_prompts_short_rest_joins_its_last_chunk_in_a_step_without_decodes() -> None:
+    h = Harness(latency_max_batched_tokens=128, latency_prefill_tokens=512)
+    h.fill("a", LAT, 1057)  # 1,056 tokens to compute: 512 + 544, not 512 + 512 + 32
+    assert [h.step() for _ in range(2)] == [{"a": 512}, {"a": 544}]
+    assert not h.scheduler.has_work()
+    h.fill("b", LAT, 1200)  # a rest of 175 > 512 / 8 beyond the budget: chunked as before
+    assert [h.step() for _ in range(3)] == [{"b": 512}, {"b": 512}, {"b": 175}]
+
+
+def test_the_rest_of_a_prompt_never_exceeds_the_engines_step_limit() -> None:
+    h = Harness()  # no latency work: the whole 2,048-token budget, and no room above it
+    h.fill("a", TPUT, 2060)
+    assert [h.step() for _ in range(2)] == [{"a": 2048}, {"a": 11}]
+
+
+def test_no_slack_in_a_step_with_a_decode() -> None:
+    h = Harness(latency_max_batched_tokens=128, latency_prefill_tokens=512)
+    h.computed("d", 40)
+    h.generate("d", TPUT)  # a throughput decode: the budget is 512, and the step decodes
+    h.fill("p", LAT, 540)  # 539 to compute: 511 beside the decode, then the rest
+    assert h.plan_tokens() == [1, 511]

@@ -27,6 +27,9 @@ from parrot.protocol.objective import Objective
 # After a better tier met a lower one (an interrupted step, a lower-tier prompt held back), steps
 # stay prefill-sized this long: more such requests tend to follow the first.
 CONTENTION_S = 2.0
+# In a step without decodes, a prompt whose rest exceeds the budget by at most budget / this is
+# computed whole (_Budget.slack), within max_num_batched_tokens.
+REMAINDER_SHARE = 8
 
 
 class Scheduler:
@@ -129,6 +132,8 @@ class Scheduler:
             (decodes if self._need(job) <= 1 else chunks).append(job)
         protected: set[str] = set()
         self._serve(decodes, plan, budget, protected, now)
+        if not decodes and not any(self._decoding(j) for j in self.waiting):  # prompts only (`_Budget.slack`)
+            budget.slack = min(budget.tokens // REMAINDER_SHARE, self.config.max_num_batched_tokens - budget.tokens)
         for job in chunks:
             self._admit(plan, budget, now, protected, above=self.order_key(job, now))
             self._serve([job], plan, budget, protected, now)
@@ -152,7 +157,7 @@ class Scheduler:
             n = budget.grant(need, outranked)
             if need and not n:
                 continue  # lower-tier prompt with the outranked share spent
-            handoff = self._handoff(job, n) if n < budget.tokens else None
+            handoff = self._handoff(job, n) if n < budget.room(outranked) else None
             if not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=True):
                 continue
             plan.seqs.append(self._seq(job, n, handoff))
@@ -204,7 +209,7 @@ class Scheduler:
             n = budget.grant(need, outranked)
             if need and not n:
                 continue  # lower-tier prompt with the outranked share spent: it stays waiting
-            handoff = self._handoff(job, n) if 0 < n < budget.tokens else None
+            handoff = self._handoff(job, n) if 0 < n < budget.room(outranked) else None
             if n and not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=False):
                 return  # wait for running work to free blocks; keep the order
             self.waiting.remove(job)
@@ -357,13 +362,22 @@ class _Budget:
     outranked_left: int | None
     top: tuple | None
     limited: bool = False  # some lower-tier job got fewer prompt tokens than it needed
+    # Tokens a prompt's last chunk may take beyond the budget in a step without decodes: a
+    # 1,056-token prompt in 512-token steps is 544 + 512 tokens, not 512 + 512 + 32, whose third
+    # step costs ~65 ms for 32 tokens on two cores (the weights are read once per step whatever
+    # its size); with a decode in the step, none (its time per output token stays capped).
+    slack: int = 0
 
     def outranked(self, key: tuple) -> bool:
         return self.outranked_left is not None and self.top is not None and tier(key) > self.top
 
+    def room(self, outranked: bool) -> int:
+        """Tokens a job may still take in this step (its last chunk: with the slack)."""
+        return self.tokens if outranked else self.tokens + self.slack
+
     def grant(self, need: int, outranked: bool) -> int:
-        """Tokens a job that needs `need` more gets now."""
-        n = min(need, self.tokens)
+        """Tokens a job that needs `need` more gets now (all of them when the rest fits the slack)."""
+        n = need if need <= self.room(outranked) else min(need, self.tokens)
         if outranked and n > 1:
             n = min(n, max(self.outranked_left or 0, 0))
             self.limited = self.limited or n < min(need, self.tokens)
