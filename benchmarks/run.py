@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -90,6 +91,21 @@ class Context:
     timeout_s: float
 
 
+SETTLE_S = 0.25  # quiet time before each run, after the servers are idle and garbage collected
+
+
+async def settle(ctx: Context) -> None:
+    """Every run starts from the same quiet process: no server of this process still working on
+    the previous run, its garbage collected, a moment for what the previous run left in flight
+    (context frees). Without it, the run right after a builtin-engine configuration paid for that
+    configuration's leftovers: Parrot+vLLM on GPTs at 2 req/s, 52.4 / 51.2 ms/token when it ran
+    right after (c), 42.0 / 47.6 after (d) (eleventh session, 4 alternated repeats)."""
+    for server in ctx.servers.values():
+        await asyncio.to_thread(server.wait_idle)
+    await asyncio.to_thread(gc.collect)
+    await asyncio.sleep(SETTLE_S)
+
+
 async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int = 0) -> dict[str, Any]:
     server = ctx.servers.get(config.server)
     sampler = ctx.rtt.sampler(f"rtt/{scenario.key}")  # the same draws for every configuration
@@ -101,6 +117,7 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
         client=client,
         server_dag=config.server_dag,
     )
+    await settle(ctx)
     monitor = KvMonitor(server).start() if server else None
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     started = time.perf_counter()
