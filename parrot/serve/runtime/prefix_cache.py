@@ -17,6 +17,7 @@ known calls share is worth caching before either runs (prefix.choose_cache_point
 from __future__ import annotations
 
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -78,12 +79,8 @@ class PrefixCache:
         return None
 
     def hits(self, points: Sequence[PrefixPoint]) -> dict[str, int]:
-        """engine_id -> the longest of `points` (in tokens) that engine holds."""
-        out: dict[str, int] = {}
-        for point in points:
-            for engine_id in self._entries.get(point.prefix_hash, {}):
-                out[engine_id] = point.num_tokens  # points ascend: the last one wins
-        return out
+        """engine_id -> the longest of `points` (in tokens) that engine holds (no floor)."""
+        return self.hits_over_floor(points, sys.maxsize)[0]
 
     def hits_over_floor(self, points: Sequence[PrefixPoint], num_engines: int) -> tuple[dict[str, int], int]:
         """(`hits` without the engines whose longest is the floor, the floor): the floor is the
