@@ -4,6 +4,9 @@ vLLM server whole (as the request-level client sends them), streamed as the engi
 
     python -m benchmarks.vllm_paths_ab --rounds 3        # vLLM set up by scripts/setup_vllm.sh
 
+Also streamed in chunks of 16 tokens (the adapter's for a generation nobody watches), with the
+ids under `logprobs: 0` (the adapter's) or as vLLM's `return_token_ids` (no logprobs computed).
+
 Each round sends `--requests` requests (a shared 930-token system prompt + a 20-token question,
 32 output tokens) at `--rate` per second in every mode, modes interleaved; prints the median over
 rounds of the mean latency per output token.
@@ -30,6 +33,7 @@ from parrot.serve import ManagerConfig, create_manager
 
 OUT = 32
 STREAMED = {"stream": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+IDS = {"stream": True, "return_token_ids": True}  # vLLM's token ids without logprobs
 
 
 async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, extra: dict[str, Any]) -> float:
@@ -100,6 +104,8 @@ def main() -> None:
             "whole+priority": lambda p: direct(server, p, gap_s, {"priority": -1}),
             "streamed": lambda p: direct(server, p, gap_s, STREAMED),
             "streamed+priority": lambda p: direct(server, p, gap_s, {**STREAMED, "priority": -1}),
+            "streamed, chunks of 16": lambda p: direct(server, p, gap_s, {**STREAMED, "stream_interval": 16}),
+            "ids, chunks of 16": lambda p: direct(server, p, gap_s, {**IDS, "stream_interval": 16}),
             "parrot": lambda p: via_parrot(server, p, gap_s),
             "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, 8),
         }

@@ -6,6 +6,13 @@ thread) and returns; a single flusher task on the session's loop sends the queue
 requests, and the first call leaves at once (the server can start while the rest are declared).
 A refused batch fails the variables it created: reading them raises the server's error.
 
+The session is created on the server with its first batch (`POST /v1/sessions` carrying it: one
+request instead of two), or by the first request that needs it without one (`open`). Until then
+it has no server id; markers name variables by the session's client-side `key` (markers.py). So a
+one-call application costs three requests (create with its call, get, delete), and a session that
+sent nothing costs none; a refused key or an unreachable manager is reported by that first
+request (reading the batch's variables raises it).
+
 Native functions run here, in the client: a task awaits the inputs, runs the function (in a
 thread if it is synchronous) and sets the output variable; the server never runs client code.
 """
@@ -17,6 +24,7 @@ import contextvars
 import inspect
 import itertools
 import logging
+import secrets
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -28,7 +36,7 @@ from parrot.frontend.transport import ApiTransport
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
-from parrot.protocol.public_api import MAX_GET_TIMEOUT_S, CallSpec, SubmitRequest, VariableSpec
+from parrot.protocol.public_api import MAX_GET_TIMEOUT_S, CallSpec, SubmitRequest, SubmitResponse, VariableSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +44,21 @@ current_core: contextvars.ContextVar[SessionCore | None] = contextvars.ContextVa
 
 
 class SessionCore:
-    def __init__(self, transport: ApiTransport, loop: asyncio.AbstractEventLoop, batch_size: int = 512) -> None:
+    def __init__(
+        self,
+        transport: ApiTransport,
+        loop: asyncio.AbstractEventLoop,
+        batch_size: int = 512,
+        api_key: str = "parrot",
+        idle_timeout_s: float | None = None,
+    ) -> None:
         self.transport = transport
         self.loop = loop
         self.batch_size = batch_size
+        self._api_key = api_key
+        self._idle_timeout_s = idle_timeout_s
+        self._opening = asyncio.Lock()  # one creation of the session on the server
+        self.key = secrets.token_hex(8)  # names the session in markers, before and after it is created
         self._lock = threading.Lock()  # guards the queue and the counters below
         self._queue: list[tuple[VariableSpec | CallSpec, list[SemanticVariable]]] = []
         self._num_queued = 0
@@ -54,20 +73,31 @@ class SessionCore:
         self._natives: set[asyncio.Future[None]] = set()
         self._var_ids = itertools.count()
         self._vars: weakref.WeakValueDictionary[str, SemanticVariable] = weakref.WeakValueDictionary()
-        self.session_id = ""
+        self.session_id = ""  # the server's, once the session is created there
 
-    async def open(self, api_key: str, idle_timeout_s: float | None) -> None:
-        created = await self.transport.create_session(api_key, idle_timeout_s)
-        self.session_id = created.session_id
+    async def open(self) -> None:
+        """Create the session on the server now, if it is not yet (a request that needs it)."""
+        if not self.session_id:
+            await self._create(None)
 
-    async def close(self, delete: bool = True) -> None:
-        """Send what is queued, stop native calls still waiting, delete the session."""
+    async def _create(self, batch: SubmitRequest | None) -> SubmitResponse | None:
+        """Create the session with `batch` as its first (or, if it exists meanwhile, submit it)."""
+        async with self._opening:
+            if self.session_id:
+                return None if batch is None else await self.transport.submit(batch)
+            created = await self.transport.create_session(self._api_key, self._idle_timeout_s, batch)
+            self.session_id = created.session_id
+            return created.submitted
+
+    async def close(self) -> None:
+        """Send what is queued, stop native calls still waiting, delete the session (if it was
+        created: a session that sent nothing costs no request)."""
         try:
             await self.flushed(self._num_queued)
             for native in list(self._natives):
                 native.cancel()
             await asyncio.gather(*self._natives, return_exceptions=True)
-            if delete:
+            if self.session_id:
                 await self.transport.delete_session()
         finally:
             await self.transport.aclose()
@@ -135,7 +165,8 @@ class SessionCore:
             calls = [op for op, _ in batch if isinstance(op, CallSpec)]
             try:
                 req = SubmitRequest(variables=variables, calls=calls, awaited=awaited)
-                submitted = await self.transport.submit(req)
+                submitted = await self.transport.submit(req) if self.session_id else await self._create(req)
+                assert submitted is not None
                 outputs = [vars_ for op, vars_ in batch if isinstance(op, CallSpec)]
                 for info, vars_ in zip(submitted.calls, outputs, strict=True):
                     for var in vars_:
@@ -178,6 +209,7 @@ class SessionCore:
         await self.flushed(var._seq)
         if var._error is not None:
             raise var._error
+        await self.open()
         deadline = None if timeout is None else self.loop.time() + timeout
         while True:
             wait_s = MAX_GET_TIMEOUT_S if deadline is None else min(MAX_GET_TIMEOUT_S, deadline - self.loop.time())
@@ -199,6 +231,7 @@ class SessionCore:
         await self.flushed(var._seq)
         if var._error is not None:
             raise var._error
+        await self.open()
         async for chunk in self.transport.stream_variable(var.var_id, criteria):
             yield chunk
 
@@ -208,6 +241,7 @@ class SessionCore:
         await self.flushed(var._seq)
         if var._error is not None:
             raise var._error
+        await self.open()
         await self.transport.set_variable(var.var_id, value)
         var._value = value
 
@@ -241,6 +275,7 @@ class SessionCore:
             except Exception as e:  # the failure reaches every consumer of `out`
                 message = e.message if isinstance(e, ParrotError) else f"{type(e).__name__}: {e}"
                 await self.flushed(out._seq)
+                await self.open()
                 await self.transport.set_variable(out.var_id, None, error=f"native {_name(fn)} failed: {message}")
 
         def start() -> None:

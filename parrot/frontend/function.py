@@ -181,7 +181,7 @@ class SemanticFunction:
             if isinstance(given[name], SemanticVariable):
                 _check_same_session(given[name], core, name)
             parts[name] = parts_of(given[name], self._input_styles[name], f"{self.name}(): input {name!r}")
-        template, bindings = bind_inputs(self.template, self._parsed, parts, core.session_id, f"{self.name}.template")
+        template, bindings = bind_inputs(self.template, self._parsed, parts, core.key, f"{self.name}.template")
         sampling = self.sampling
         if seed_offset:
             sampling = {

@@ -77,7 +77,7 @@ def _merged(parts: Sequence[Part]) -> list[Part]:
 
 
 def bind_inputs(
-    template: str, parsed: ParsedTemplate, parts: Mapping[str, list[Part]], session_id: str, where: str
+    template: str, parsed: ParsedTemplate, parts: Mapping[str, list[Part]], session_key: str, where: str
 ) -> tuple[str, dict[str, Binding]]:
     """The call's template and input bindings: the template as it is unless an input mixes text
     and variables (module docstring). Raises ParrotError naming an input that holds a variable of
@@ -85,7 +85,7 @@ def bind_inputs(
     bindings: dict[str, Binding] = {}
     expanded: dict[str, list[Part]] = {}
     for name, ps in parts.items():
-        foreign = [p for p in ps if isinstance(p, VarRef) and p.session_id != session_id]
+        foreign = [p for p in ps if isinstance(p, VarRef) and p.session_key != session_key]
         if foreign:
             raise ParrotError(f"{name!r}: the variable {foreign[0].var_id!r} belongs to another session", field=name)
         if not any(isinstance(p, VarRef) for p in ps):

@@ -3,7 +3,7 @@
     title = summarize(doc)
     review(f"Title: {title}\\n\\n{body}")   # one input: text, then `title`, then text, then `body`
 
-A marker is `\\ue000parrot:<session_id>/<var_id>\\ue001` (private-use characters, which real text
+A marker is `\\ue000parrot:<session key>/<var_id>\\ue001` (private-use characters, which real text
 does not contain). The SDK never renders it: an input whose text holds markers becomes template
 text with one placeholder per marker (inputs.py), so the server sees the dependency and runs the
 consumer after the producer with no client round trip. This is also how text-only frameworks
@@ -22,14 +22,15 @@ _MARKER = re.compile(f"{OPEN}parrot:([^{OPEN}{CLOSE}/]+)/([^{OPEN}{CLOSE}/]+){CL
 
 @dataclass(frozen=True)
 class VarRef:
-    """A variable named by a marker: the session it belongs to and its id there."""
+    """A variable named by a marker: the key of the session it belongs to (SessionCore.key, made
+    by the client: a session has it before the server knows the session) and its id there."""
 
-    session_id: str
+    session_key: str
     var_id: str
 
 
-def marker(session_id: str, var_id: str) -> str:
-    return f"{OPEN}parrot:{session_id}/{var_id}{CLOSE}"
+def marker(session_key: str, var_id: str) -> str:
+    return f"{OPEN}parrot:{session_key}/{var_id}{CLOSE}"
 
 
 def has_markers(text: str) -> bool:

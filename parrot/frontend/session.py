@@ -11,6 +11,10 @@
 thousands of calls without blocking on the network; `AsyncSession` uses the caller's loop.
 `max_retries` and `backoff_s` set the transport's retries of transient faults (transport.py). Leaving
 the block sends what is queued and deletes the session on the server (freeing its contexts).
+
+Entering the block sends nothing: the session is created on the server with its first batch of
+calls (core.py), so a wrong API key or an unreachable manager is raised by the first read of a
+variable (or by `open()`, which creates the session at once: call it to check them up front).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, TypeVar
 from parrot.frontend.core import SessionCore, current_core
 from parrot.frontend.transport import ApiTransport
 from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import SessionStatus, VariableList
 
 T = TypeVar("T")
@@ -36,7 +41,14 @@ class _SessionBase:
 
     @property
     def session_id(self) -> str:
+        """The server's id of this session: created there by the first batch or `open()`."""
+        if not self.core.session_id:
+            self._open_for_id()
         return self.core.session_id
+
+    def _open_for_id(self) -> None:
+        message = "this session is not created on the server yet: `await session.open()` first"
+        raise ParrotError(message, status=409, field="session_id")
 
     def variable(self, name: str | None = None, value: str | None = None) -> SemanticVariable:
         """A new variable of this session: an input to `set` later, or already set to `value`."""
@@ -66,13 +78,7 @@ class Session(_SessionBase):
         self._thread = threading.Thread(target=self._loop.run_forever, name="parrot-session", daemon=True)
         self._thread.start()
         transport = ApiTransport(base_url, max_retries=max_retries, backoff_s=backoff_s)
-        self.core = SessionCore(transport, self._loop, batch_size)
-        try:
-            self._run(self.core.open(api_key, idle_timeout_s))
-        except BaseException:
-            self._run(self.core.transport.aclose())
-            self._stop_loop()
-            raise
+        self.core = SessionCore(transport, self._loop, batch_size, api_key, idle_timeout_s)
 
     def __enter__(self) -> Session:
         self._activate()
@@ -92,6 +98,13 @@ class Session(_SessionBase):
         finally:
             self._stop_loop()
 
+    def open(self) -> None:
+        """Create the session on the server now (it is otherwise created with its first batch)."""
+        self._run(self.core.open())
+
+    def _open_for_id(self) -> None:
+        self.open()
+
     def flush(self) -> None:
         """Block until every queued call and variable has reached the server."""
         self._run(self.core.flush())
@@ -104,10 +117,12 @@ class Session(_SessionBase):
 
     async def _status(self) -> SessionStatus:
         await self.core.flush()
+        await self.core.open()
         return await self.core.transport.status()
 
     async def _list(self) -> VariableList:
         await self.core.flush()
+        await self.core.open()
         return await self.core.transport.list_variables()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -138,7 +153,7 @@ class AsyncSession(_SessionBase):
         self._batch_size = batch_size
 
     async def __aenter__(self) -> AsyncSession:
-        await self.open()
+        self._start()
         self._activate()
         return self
 
@@ -148,14 +163,16 @@ class AsyncSession(_SessionBase):
         self._deactivate()
         await self.close()
 
+    def _start(self) -> None:
+        if not hasattr(self, "core"):
+            transport = ApiTransport(self._base_url, max_retries=self._max_retries, backoff_s=self._backoff_s)
+            loop = asyncio.get_running_loop()
+            self.core = SessionCore(transport, loop, self._batch_size, self._api_key, self._idle_timeout_s)
+
     async def open(self) -> None:
-        transport = ApiTransport(self._base_url, max_retries=self._max_retries, backoff_s=self._backoff_s)
-        self.core = SessionCore(transport, asyncio.get_running_loop(), self._batch_size)
-        try:
-            await self.core.open(self._api_key, self._idle_timeout_s)
-        except BaseException:
-            await self.core.transport.aclose()
-            raise
+        """Create the session on the server now (it is otherwise created with its first batch)."""
+        self._start()
+        await self.core.open()
 
     async def close(self) -> None:
         await self.core.close()
@@ -165,8 +182,10 @@ class AsyncSession(_SessionBase):
 
     async def status(self) -> SessionStatus:
         await self.core.flush()
+        await self.core.open()
         return await self.core.transport.status()
 
     async def list_variables(self) -> VariableList:
         await self.core.flush()
+        await self.core.open()
         return await self.core.transport.list_variables()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.request
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -55,9 +57,47 @@ class _Answer:
         return json.loads(self.body)
 
 
+class _Connections:
+    """The TCP connections of the sessions open on one event loop: a new session reuses one kept
+    alive by another instead of connecting (a session per application run would otherwise cost a
+    connect and an accept each). Closed when its last session closes; no limit on connections (a
+    session's long-polling gets each hold one)."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()  # sync Sessions run their loops on threads of their own
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Connections]] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        # kept alive for less than the 5 s uvicorn keeps an idle connection: never sent on one it closed
+        self.connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+        self.num_users = 0
+
+    @classmethod
+    def acquire(cls) -> aiohttp.TCPConnector:
+        loop = asyncio.get_running_loop()
+        with cls._lock:
+            shared = cls._by_loop.get(loop)
+            if shared is None or shared.connector.closed:
+                shared = cls._by_loop[loop] = _Connections()
+            shared.num_users += 1
+            return shared.connector
+
+    @classmethod
+    async def release(cls, connector: aiohttp.TCPConnector) -> None:
+        loop = asyncio.get_running_loop()
+        with cls._lock:
+            shared = cls._by_loop.get(loop)
+            if shared is not None and shared.connector is connector:
+                shared.num_users -= 1
+                if shared.num_users:
+                    return
+                del cls._by_loop[loop]
+        await connector.close()
+
+
 class ApiTransport:
     """The session's HTTP client (aiohttp: a quarter of httpx's CPU a request, measured in the
-    ninth session; made on first use, on the loop that uses it)."""
+    ninth session; made on first use, on the loop that uses it, over that loop's shared
+    connections)."""
 
     def __init__(self, base_url: str, timeout_s: float = 660.0, max_retries: int = 4, backoff_s: float = 0.25) -> None:
         self.base_url = base_url.rstrip("/")
@@ -74,7 +114,10 @@ class ApiTransport:
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
             jar = aiohttp.DummyCookieJar()  # the API sets no cookies
-            self._http = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=jar)
+            connector = _Connections.acquire()
+            self._http = aiohttp.ClientSession(
+                timeout=self._timeout, cookie_jar=jar, connector=connector, connector_owner=False
+            )
         return self._http
 
     async def _request(self, method: str, path: str, stream: bool = False, **kw: Any) -> _Answer:
@@ -115,10 +158,19 @@ class ApiTransport:
 
     async def aclose(self) -> None:
         if self._http is not None:
-            await self._http.close()
+            http, self._http = self._http, None
+            connector = http.connector
+            await http.close()
+            assert isinstance(connector, aiohttp.TCPConnector)
+            await _Connections.release(connector)
 
-    async def create_session(self, api_key: str, idle_timeout_s: float | None) -> SessionCreated:
-        body = CreateSessionRequest(idle_timeout_s=idle_timeout_s).model_dump(mode="json")
+    async def create_session(
+        self, api_key: str, idle_timeout_s: float | None, submit: SubmitRequest | None = None
+    ) -> SessionCreated:
+        """A new session; with `submit`, its first batch goes in the same request."""
+        req = CreateSessionRequest(idle_timeout_s=idle_timeout_s, submit=submit)
+        body = req.model_dump(mode="json", exclude_defaults=True)
+        self.num_submits += submit is not None
         resp = await self._request("POST", "/v1/sessions", json=body, headers={"Authorization": f"Bearer {api_key}"})
         created = SessionCreated.model_validate(_checked(resp))
         self.session_id = created.session_id

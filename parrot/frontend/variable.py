@@ -33,7 +33,7 @@ class VariableOwner(Protocol):
     requests run on, and the three requests on one variable."""
 
     loop: asyncio.AbstractEventLoop
-    session_id: str
+    key: str  # the session's client-side key: markers name it
 
     async def get(self, var: SemanticVariable[Any], criteria: Criteria, timeout: float | None) -> str: ...
 
@@ -57,11 +57,11 @@ class SemanticVariable(Generic[V]):
         self._scores: dict[str, float] | None = None  # a scored select's, once read
 
     def __str__(self) -> str:
-        return marker(self._core.session_id, self.var_id)
+        return marker(self._core.key, self.var_id)
 
     @property
     def ref(self) -> VarRef:
-        return VarRef(self._core.session_id, self.var_id)
+        return VarRef(self._core.key, self.var_id)
 
     def __repr__(self) -> str:
         state = "ready" if self._value is not None else "pending"

@@ -145,10 +145,10 @@ class ChatParrot(_ParrotModel, BaseChatModel):
     def _message(self, var: SemanticVariable, text: str | None, with_tools: bool) -> ChatResult:
         if with_tools:
             assert text is not None
-            message = tool_reply(text, f"call_{self.core.session_id}_{var.var_id}")
+            message = tool_reply(text, f"call_{self.core.key}_{var.var_id}")
         else:
             message = AIMessage(content=str(var) if text is None else text)
-        message.response_metadata = {"parrot_var_id": var.var_id, "parrot_session_id": self.core.session_id}
+        message.response_metadata = {"parrot_var_id": var.var_id, "parrot_session_key": self.core.key}
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _generate(
@@ -305,8 +305,8 @@ class ParrotLLM(_ParrotModel, BaseLLM):
 
 def _variable(session: Any, ref: VarRef) -> SemanticVariable:
     core: SessionCore = session.core
-    if ref.session_id != core.session_id:
-        raise ParrotError(f"variable {ref.var_id!r} belongs to session {ref.session_id!r}", field="session_id")
+    if ref.session_key != core.key:
+        raise ParrotError(f"variable {ref.var_id!r} belongs to another session", field="session_id")
     return core.lookup(ref.var_id)
 
 

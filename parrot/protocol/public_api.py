@@ -58,18 +58,6 @@ class ErrorResponse(_Msg):
 # --- sessions ---------------------------------------------------------------------------------
 
 
-class CreateSessionRequest(_Req):
-    idle_timeout_s: float | None = Field(
-        default=None, gt=0, le=86_400, description="expire the session after this long without requests"
-    )
-
-
-class SessionCreated(_Msg):
-    session_id: str
-    token: str = Field(description="send as `Authorization: Bearer <token>` on every call of this session")
-    idle_timeout_s: float
-
-
 class CallStatus(_Msg):
     """One call of a session as the manager sees it, with its deduced performance objective."""
 
@@ -303,6 +291,24 @@ class SubmitRequest(_Req):
 class SubmitResponse(_Msg):
     variables: list[VariableInfo]
     calls: list[CallInfo]
+
+
+class CreateSessionRequest(_Req):
+    idle_timeout_s: float | None = Field(
+        default=None, gt=0, le=86_400, description="expire the session after this long without requests"
+    )
+    submit: SubmitRequest | None = Field(
+        default=None,
+        description="the session's first batch, submitted with it: one request instead of two; if the batch "
+        "is refused, no session is created (its errors name `submit.` fields)",
+    )
+
+
+class SessionCreated(_Msg):
+    session_id: str
+    token: str = Field(description="send as `Authorization: Bearer <token>` on every call of this session")
+    idle_timeout_s: float
+    submitted: SubmitResponse | None = Field(default=None, description="the answer to `submit`, when it was sent")
 
 
 class GetParams(_Req):

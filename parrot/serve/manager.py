@@ -24,6 +24,7 @@ from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import (
     CallInfo,
     CallSpec,
+    CreateSessionRequest,
     SessionCreated,
     SessionStatus,
     SubmitRequest,
@@ -173,6 +174,22 @@ class Manager:
         self._admit()
         session, token = self.sessions.create(self.sessions.tenant_of(api_key), idle_timeout_s)
         return SessionCreated(session_id=session.session_id, token=token, idle_timeout_s=session.idle_timeout_s)
+
+    async def open_session(self, api_key: str | None, req: CreateSessionRequest) -> SessionCreated:
+        """A session, with its first batch when `req.submit` holds one (one request instead of
+        two): all or nothing, a refused batch leaves no session (its errors name `submit.` fields)."""
+        created = self.create_session(api_key, req.idle_timeout_s)
+        if req.submit is None:
+            return created
+        session = self.sessions.sessions[created.session_id]
+        try:
+            submitted = await self.submit_async(session, req.submit, "submit.calls")
+        except BaseException as e:  # a refusal, or the client left: no session stays behind
+            await self.delete_session(session, "refused with its first batch")
+            if isinstance(e, ParrotError) and e.field and not e.field.startswith("submit."):
+                e.field = f"submit.{e.field}"
+            raise
+        return created.model_copy(update={"submitted": submitted})
 
     def session(self, session_id: str, token: str | None) -> Session:
         """The session, if `token` is its token (401/403/404/410 otherwise)."""
@@ -332,12 +349,8 @@ class Manager:
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
         self.metrics.variable_get()
-        session.num_waiting_gets += 1
-        try:
+        with session.waiting():
             await var.wait(timeout_s)
-        finally:
-            session.num_waiting_gets -= 1
-            session.touch()
         if var.error is not None:
             raise var.error
         return VariableValue(var_id=var_id, state=VariableState.READY, value=var.value, scores=var.scores)
@@ -350,27 +363,7 @@ class Manager:
         self.note_criteria(session, var, criteria)
         self.metrics.variable_get()
         var.watched = True  # now, not at the generator's first step: a dispatch may come in between
-        return self._stream(session, var, timeout_s)
-
-    async def _stream(self, session: Session, var: Variable, timeout_s: float) -> AsyncIterator[str]:
-        """The variable's chunks for at most `timeout_s` (then a 408 error, as a get's)."""
-        session.num_waiting_gets += 1
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        try:
-            async with contextlib.aclosing(var.stream()) as chunks:
-                while True:
-                    try:
-                        async with asyncio.timeout_at(deadline):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        return
-                    except TimeoutError:
-                        msg = f"variable {var.var_id!r} did not finish within {timeout_s:g} s"
-                        raise ParrotError(msg, status=408) from None
-                    yield chunk
-        finally:
-            session.num_waiting_gets -= 1
-            session.touch()
+        return session.stream(var, timeout_s)
 
     def note_criteria(self, session: Session, var: Variable, criteria: Criteria) -> None:
         """A get asked for `var` with `criteria`: the session's objectives are deduced again.

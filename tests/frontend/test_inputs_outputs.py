@@ -18,9 +18,9 @@ from parrot.protocol.template import parse_template
 
 
 class QueueOnlyCore(SessionCore):
-    def __init__(self, session_id: str = "s1") -> None:
+    def __init__(self, key: str = "s1") -> None:
         super().__init__(ApiTransport("http://unused"), asyncio.new_event_loop())
-        self.session_id = session_id
+        self.key = key
 
     def _push(self, op: VariableSpec | CallSpec, vars_: list) -> None:  # type: ignore[type-arg]
         self._queue.append((op, vars_))

@@ -86,7 +86,7 @@ def test_a_tool_calling_agent_loop(default_model_folder: Path) -> None:
             messages += [get_weather.invoke(call) for call in reply.tool_calls]
     assert [m.type for m in messages] == ["human", "ai", "tool", "ai"]
     call = messages[1].tool_calls[0]  # type: ignore[attr-defined]
-    assert [call["name"], call["args"], call["id"]] == ["get_weather", {"city": "Paris"}, f"call_{s.session_id}_v0"]
+    assert [call["name"], call["args"], call["id"]] == ["get_weather", {"city": "Paris"}, f"call_{s.core.key}_v0"]
     assert [messages[2].content, messages[3].content] == ["sunny, 21 C in Paris", "It is sunny in Paris."]
     (first, first_prompt), (second, second_prompt) = engine.requests
     assert first.json_schema == second.json_schema
@@ -145,7 +145,7 @@ def test_a_global_llm_cache_never_replays_a_lazy_reply(default_model_folder: Pat
         with fake_server(default_model_folder) as (url, engine), Session(url) as s:
             lazy = ChatParrot(session=s, lazy=True)
             first, second = lazy.invoke("hi"), lazy.invoke("hi")
-            assert [first.content, second.content] == [f"\ue000parrot:{s.session_id}/v{i}\ue001" for i in (0, 1)]
+            assert [first.content, second.content] == [f"\ue000parrot:{s.core.key}/v{i}\ue001" for i in (0, 1)]
             assert [lazy.resolve(first.content), lazy.resolve(second.content)] == ["not json", "not json"]
         assert len(engine.requests) == 2
     finally:

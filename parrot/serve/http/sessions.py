@@ -49,8 +49,9 @@ async def create_session(
     manager: ManagerDep,
     req: Annotated[CreateSessionRequest | None, Body()] = None,
 ) -> SessionCreated:
-    """Open a session with the tenant's API key; the answer's token authorizes the session's calls."""
-    return manager.create_session(api_key, None if req is None else req.idle_timeout_s)
+    """Open a session with the tenant's API key; the answer's token authorizes the session's calls.
+    With `submit`, its first batch goes with it (all or nothing: a refused batch leaves no session)."""
+    return await manager.open_session(api_key, req or CreateSessionRequest())
 
 
 @router.delete("/{session_id}", status_code=204)

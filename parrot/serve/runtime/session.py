@@ -8,11 +8,13 @@ created by the executor; call_run.py); both die with it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from parrot.protocol.errors import ParrotError
 from parrot.serve.clock import REAL_CLOCK, Clock
@@ -20,6 +22,7 @@ from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.graph import SessionGraph, StagedBatch
 from parrot.serve.runtime.rate import RateLimiter
+from parrot.serve.runtime.variable import Variable
 
 _NUM_TOMBSTONES = 10_000
 
@@ -75,6 +78,32 @@ class Session:
 
     def touch(self) -> None:
         self.last_active = self.clock.now()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A client waits on the session (a get, a stream): it is not idle meanwhile."""
+        self.num_waiting_gets += 1
+        try:
+            yield
+        finally:
+            self.num_waiting_gets -= 1
+            self.touch()
+
+    async def stream(self, var: Variable, timeout_s: float) -> AsyncIterator[str]:
+        """The variable's chunks for at most `timeout_s` (then a 408 error, as a get's)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        with self.waiting():
+            async with contextlib.aclosing(var.stream()) as chunks:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        msg = f"variable {var.var_id!r} did not finish within {timeout_s:g} s"
+                        raise ParrotError(msg, status=408) from None
+                    yield chunk
 
     def idle_s(self, now: float | None = None) -> float:
         return 0.0 if self.num_waiting_gets else (self.clock.now() if now is None else now) - self.last_active
