@@ -103,6 +103,8 @@ class Session(_SessionBase):
         self._run(self.core.open())
 
     def _open_for_id(self) -> None:
+        if threading.current_thread() is self._thread:  # on the session's own loop: blocking would hang it
+            super()._open_for_id()
         self.open()
 
     def flush(self) -> None:

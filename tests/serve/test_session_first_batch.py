@@ -160,3 +160,15 @@ def test_markers_name_the_session_before_the_server_does(keyed_server: LiveServe
         first = react("cats")
         second = pair(f"<{first}>", first)
         assert second.get() and first.get()
+
+
+def test_a_sync_session_id_read_on_its_own_loop_raises_instead_of_hanging(keyed_server: LiveServer) -> None:
+    with Session(keyed_server.url, api_key="good-key") as s:
+
+        async def read() -> str:
+            return s.session_id
+
+        with pytest.raises(ParrotError) as not_yet:
+            asyncio.run_coroutine_threadsafe(read(), s._loop).result(timeout=10)
+        assert (not_yet.value.status, not_yet.value.field) == (409, "session_id")
+        assert s.session_id.startswith("s-")  # from the caller's thread: created now
