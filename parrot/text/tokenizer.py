@@ -106,16 +106,19 @@ class Tokenizer:
         BPE never merges across pre-token boundaries, so it ends where the pre-tokens that may still
         change begin: the last one (a word may go on; a run of spaces gives its last space to the
         next word), an apostrophe that may begin a contraction, and a prefix of an added token at
-        the end. Without a pre-tokenizer it is 0: nothing is known to be stable."""
+        the end, with the last pre-token before it: an added token splits the text, so what precedes
+        it is pre-tokenized as a text that ends there ("2  <|im_start|>" keeps its two spaces as one
+        pre-token; "2  <|im_st" gives the second to "<|"). Without a pre-tokenizer it is 0: nothing
+        is known to be stable."""
         end = len(text) if end is None else end
         pre = self._tok.pre_tokenizer
         if pre is None or end == 0:
             return 0
         cut = self._pre_token_cut(pre, text, end)
         for content in self._added:  # "...<|im_" may yet become <|im_end|>
-            for k in range(min(len(content) - 1, end), end - cut, -1):
+            for k in range(min(len(content) - 1, end), 0, -1):
                 if text.startswith(content[:k], end - k):
-                    cut = end - k
+                    cut = min(cut, self._pre_token_cut(pre, text, end - k))
                     break
         return cut
 

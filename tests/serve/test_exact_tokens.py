@@ -129,7 +129,20 @@ def test_a_known_prefix_keeps_only_tokens_no_continuation_can_change(default_mod
     assert num_kept > 0.75 * num_tokens
     assert tok.stable_len("Problem: ") == len("Problem:")  # the space belongs to the next word
     assert tok.stable_len("Say it's x'r") == len("Say it's x")  # "'r" + "e" is the contraction "'re"
-    assert tok.stable_len("hello <|im_") == len("hello ")  # may become <|im_end|>
+    # may become <|im_end|>, before which the space is a token of its own; else it joins " <|"
+    assert tok.stable_len("hello <|im_") == len("hello")
+
+
+@pytest.mark.parametrize("before", ["  ", "\n\n", "x  \n ", " ", "word"])
+def test_a_prefix_ending_inside_an_added_token_keeps_the_text_before_it_unsettled(
+    default_model_folder: Path, before: str
+) -> None:
+    """Cut inside "<|im_start|>": the text before an added token is pre-tokenized as a text that ends
+    there (a run of spaces stays one pre-token), so the cached prefix must stop before that run."""
+    tok = Tokenizer(default_model_folder)
+    text = "the quick brown fox " * 40 + "2.2" + before + "<|im_start|>\nsession the latency"
+    for cut in (text.index("|>\nsession"), text.index("im_start"), text.index("start|>")):
+        assert tok.encode_offsets(text, known_prefix=cut) == tok.encode_offsets(text)
 
 
 def test_a_cached_known_prefix_tokenizes_exactly_as_the_whole_text(default_model_folder: Path) -> None:
