@@ -73,7 +73,11 @@ class SessionCore:
         self._natives: set[asyncio.Future[None]] = set()
         self._var_ids = itertools.count()
         self._vars: weakref.WeakValueDictionary[str, SemanticVariable] = weakref.WeakValueDictionary()
-        self.session_id = ""  # the server's, once the session is created there
+
+    @property
+    def session_id(self) -> str:
+        """The server's id of the session ("" until it is created there)."""
+        return self.transport.session_id
 
     async def open(self) -> None:
         """Create the session on the server now, if it is not yet (a request that needs it)."""
@@ -86,7 +90,6 @@ class SessionCore:
             if self.session_id:
                 return None if batch is None else await self.transport.submit(batch)
             created = await self.transport.create_session(self._api_key, self._idle_timeout_s, batch)
-            self.session_id = created.session_id
             return created.submitted
 
     async def close(self) -> None:

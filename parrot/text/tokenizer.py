@@ -115,11 +115,12 @@ class Tokenizer:
         if pre is None or end == 0:
             return 0
         cut = self._pre_token_cut(pre, text, end)
-        for content in self._added:  # "...<|im_" may yet become <|im_end|>
-            for k in range(min(len(content) - 1, end), 0, -1):
-                if text.startswith(content[:k], end - k):
-                    cut = min(cut, self._pre_token_cut(pre, text, end - k))
-                    break
+        for content in self._added:  # "...<|im_" may yet become <|im_end|>: the longest such tail
+            i = text.find(content[0], max(0, end - len(content) + 1), end)
+            while i != -1 and not text.startswith(content[: end - i], i):
+                i = text.find(content[0], i + 1, end)
+            if i != -1:
+                cut = min(cut, self._pre_token_cut(pre, text, i))
         return cut
 
     def _pre_token_cut(self, pre: Any, text: str, end: int) -> int:
