@@ -137,7 +137,8 @@ class GraphExecutor:
         sid = session.session_id
         self._deduce.pop(sid, None)
         self._sessions.pop(sid, None)
-        runs = [run for key, run in self._runs.items() if key[0] == sid]
+        # The session's records still in the table (its own index: no walk over every session's calls).
+        runs = [run for call_id, run in session.runs.items() if self._runs.get((sid, call_id)) is run]
         for run in runs:
             del self._runs[(sid, run.call.call_id)]
             run.leave_waiting()
