@@ -64,7 +64,16 @@ class SimEngine:
         latency_cap = (
             setup.latency_max_batched_tokens if latency_max_batched_tokens is None else latency_max_batched_tokens
         )
-        self.scheduler = SimScheduler(self.kv, SchedulerConfig(setup.max_num_batched_tokens, latency_cap))
+        self.scheduler = SimScheduler(
+            self.kv,
+            SchedulerConfig(
+                setup.max_num_batched_tokens,
+                latency_cap,
+                setup.latency_prefill_tokens,
+                setup.outranked_chunk_tokens,
+                setup.remainder_share,
+            ),
+        )
         self.counters = SimCounters()
         self.alive = True  # False: every request raises EngineUnavailable (tests of failover)
         self._ids = itertools.count()

@@ -104,6 +104,11 @@ class Setup:
     max_model_len: int
     num_blocks: int  # resolved: never 0
     engines: int
+    # The builtin engine's finer rules (parrot/engine/config.py, sched/scheduler.py), set where a
+    # setup stands for it (the CPU setups); the defaults leave a step as the GPU setups had it.
+    latency_prefill_tokens: int | None = None  # budget while latency work only prefills; None: the full budget
+    outranked_chunk_tokens: int | None = None  # prompt tokens a step for lower-priority jobs; None: no limit
+    remainder_share: int | None = None  # a prompt's last chunk may exceed a decode-free step by budget / this
 
 
 def _table(file: str, name: str) -> dict[str, Any]:

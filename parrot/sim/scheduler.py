@@ -2,10 +2,15 @@
 
 Mirrors the builtin engine's rules (parrot/engine/sched/scheduler.py) at the level the cost model
 sees: a token budget per step (`latency_max_batched_tokens` while latency-critical work decodes,
-else `max_num_batched_tokens`); decode rows first, then chunked prefill; jobs ranked by objective
-(latency first), priority, arrival. When blocks run out it reclaims idle contexts (least recently
-used), then preempts the lowest-ranked decoding job (its KV is dropped and recomputed later).
-A job waits for earlier jobs on its context. Owns the job list; `engine.py` owns the loop.
+`latency_prefill_tokens` while it only prefills, else `max_num_batched_tokens`); decode rows first,
+then chunked prefill (a prompt's last chunk may run over a decode-free step by budget /
+`remainder_share`; jobs below the best priority share `outranked_chunk_tokens` prompt tokens a
+step); jobs ranked by objective (latency first), priority, arrival. The setups that stand for the
+builtin engine set those three as its defaults; not mirrored: its contention window (prefill-sized
+steps for 2 s after tiers met), aging, and interrupting a step between layers. When blocks run out
+it reclaims idle contexts (least recently used), then preempts the lowest-ranked decoding job (its
+KV is dropped and recomputed later). A job waits for earlier jobs on its context. Owns the job
+list; `engine.py` owns the loop.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ GEN_TOKEN_ID = 260
 GEN_TOKEN_TEXT = " the"
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: membership tests compare identity, not every field
 class SimJob:
     job_id: int
     ctx: SimContext
@@ -79,6 +84,15 @@ class StepPlan:
 class SchedulerConfig:
     max_num_batched_tokens: int
     latency_max_batched_tokens: int
+    # While latency-critical work only prefills (none of it decodes), a step takes up to this many
+    # tokens (at least the cap); None: the full budget.
+    latency_prefill_tokens: int | None = None
+    # Jobs of a lower priority than the best eligible job compute at most this many prompt tokens
+    # a step in all (a decode token each is not limited); None: no limit.
+    outranked_chunk_tokens: int | None = None
+    # In a step without decodes, a prompt whose rest exceeds the budget by at most budget / this is
+    # computed whole (within max_num_batched_tokens); None: never.
+    remainder_share: int | None = None
 
 
 class SimScheduler:
@@ -162,8 +176,7 @@ class SimScheduler:
             (j for j in jobs if j.decoding and j.admitted and j.ctx.num_computed == j.ctx.num_tokens - 1),
             key=SimJob.rank,
         )
-        latency = any(j.objective is Objective.LATENCY for j in decoding)
-        budget = self.config.latency_max_batched_tokens if latency else self.config.max_num_batched_tokens
+        budget = self._budget(decoding)
         for job in decoding:
             if budget == 0:
                 break
@@ -171,20 +184,28 @@ class SimScheduler:
                 self.kv.compute(job.ctx, 1)
                 plan.rows.append(job)
                 budget -= 1
+        rows = set(plan.rows)
         prefilling = sorted(
-            (
-                j
-                for j in jobs
-                if j not in plan.rows and (j.fork_from is not None or j.ctx.num_computed < j.prefill_target())
-            ),
+            (j for j in jobs if j not in rows and (j.fork_from is not None or j.ctx.num_computed < j.prefill_target())),
             key=SimJob.rank,
         )
+        cfg = self.config
+        slack = 0
+        if not decoding and cfg.remainder_share:  # prompts only: a last chunk may run over a little
+            slack = max(0, min(budget // cfg.remainder_share, cfg.max_num_batched_tokens - budget))
+        top = max((j.priority for j in jobs), default=0)
+        outranked_left = cfg.outranked_chunk_tokens
         for job in prefilling:
-            if budget == 0:
+            if budget <= 0:
                 break
             if not job.admitted and not self._admit(job):
                 break  # first come, first served: a later prompt does not overtake one that waits for room
-            num = min(job.prefill_target() - job.ctx.num_computed, budget)
+            need = job.prefill_target() - job.ctx.num_computed
+            outranked = outranked_left is not None and job.priority < top
+            num = need if need <= budget + (0 if outranked else slack) else min(need, budget)
+            if outranked and num > 1 and outranked_left is not None:
+                num = min(num, max(outranked_left, 0))
+                outranked_left -= num
             if num <= 0:
                 continue
             cached = job.ctx.num_computed
@@ -194,6 +215,19 @@ class SimScheduler:
         if not plan.rows and not plan.chunks:
             self._unstick(jobs)
         return plan
+
+    def _budget(self, decoding: list[SimJob]) -> int:
+        """The step's tokens: the latency cap while latency-critical work decodes; while it only
+        prefills, `latency_prefill_tokens` (at least the cap); else the full budget."""
+        cfg = self.config
+        full = cfg.max_num_batched_tokens
+        if any(j.objective is Objective.LATENCY for j in decoding):
+            return min(cfg.latency_max_batched_tokens, full)
+        if cfg.latency_prefill_tokens is not None and any(
+            j.objective is Objective.LATENCY and not j.aborted for j in self.jobs
+        ):
+            return min(max(cfg.latency_max_batched_tokens, cfg.latency_prefill_tokens), full)
+        return full
 
     def _unstick(self, jobs: list[SimJob]) -> None:
         """Nothing could run: preempt the lowest-ranked job holding blocks, so the best one can;

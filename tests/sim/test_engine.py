@@ -25,9 +25,11 @@ HW = HardwareProfile("toy", "", peak_tflops=1e12, mem_gb=1.0, mem_bw_gbps=1e12, 
                      step_overhead_ms=10.0, row_overhead_ms=0.0, combine="max", gpu_mem_util=1.0)  # fmt: skip
 
 
-def toy_engine(num_blocks: int = 64, budget: int = 4) -> SimEngine:
+def toy_engine(num_blocks: int = 64, budget: int = 4, **rules: Any) -> SimEngine:
+    """`rules`: the setup's other step settings (cap, latency_prefill_tokens, ...)."""
+    rules.setdefault("latency_max_batched_tokens", budget)
     setup = Setup("toy", "", HW, model("smollm2-135m"), block_size=4, max_num_batched_tokens=budget,
-                  latency_max_batched_tokens=budget, max_model_len=256, num_blocks=num_blocks, engines=1)  # fmt: skip
+                  max_model_len=256, num_blocks=num_blocks, engines=1, **rules)  # fmt: skip
     return SimEngine(setup, Path("unused"))
 
 
@@ -130,3 +132,63 @@ def test_out_of_blocks_preempts_the_lower_ranked_generation_which_recomputes() -
         assert [lat.num_tokens, lat.num_computed, lat.blocks] == [10, 0, []]
 
     run(main())
+
+
+def gen(context_id: str, num_prompt: int, max_tokens: int, **fields: Any) -> GenerateRequest:
+    return GenerateRequest(context_id=context_id, token_ids=[3] * num_prompt,
+                           sampling=SamplingParams(max_tokens=max_tokens), **fields)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rules", "objective", "end_s"),
+    [
+        # Latency work that only prefills takes latency_prefill_tokens a step: 8 + 8, then 1 decode.
+        ({"latency_prefill_tokens": 8}, Objective.LATENCY, 0.030),
+        # Without the setting it takes the full budget: 16, then 1 decode.
+        ({}, Objective.LATENCY, 0.020),
+        # Throughput work alone always takes the full budget.
+        ({"latency_prefill_tokens": 8}, Objective.THROUGHPUT, 0.020),
+    ],
+)
+def test_latency_work_that_only_prefills_takes_latency_prefill_tokens_a_step(
+    rules: dict[str, int], objective: Objective, end_s: float
+) -> None:
+    async def main() -> float:
+        engine = toy_engine(budget=16, latency_max_batched_tokens=4, **rules)
+        events, t = await collect(engine, gen("a", 16, 2, objective=objective))
+        assert len(events) == 2
+        return t
+
+    assert run(main()) == pytest.approx(end_s, abs=1e-9)
+
+
+@pytest.mark.parametrize(("share", "end_s"), [(2, 0.010), (None, 0.020)])
+def test_a_prompts_last_chunk_runs_over_a_decode_free_step_by_budget_over_remainder_share(
+    share: int | None, end_s: float
+) -> None:
+    async def main() -> float:
+        # Budget 8 (latency work prefilling), slack min(8 // 2, 16 - 8) = 4: a 12-token prompt is
+        # one step; without the rule 8 + 4.
+        engine = toy_engine(budget=16, latency_max_batched_tokens=4, latency_prefill_tokens=8, remainder_share=share)
+        _, t = await collect(engine, gen("a", 12, 1))
+        return t
+
+    assert run(main()) == pytest.approx(end_s, abs=1e-9)
+
+
+@pytest.mark.parametrize(("limit", "low_end_s"), [(2, 0.040), (None, 0.010)])
+def test_lower_priority_prompts_share_outranked_chunk_tokens_a_step(limit: int | None, low_end_s: float) -> None:
+    async def main() -> list[float]:
+        # Priority 1 (4 prompt tokens, 5 outputs) beside priority 0 (8 prompt tokens, 1 output):
+        # with a limit of 2 the lower one computes 2 prompt tokens a step (4 steps), without it
+        # all 8 in the first step; the higher one ends after 5 steps either way.
+        engine = toy_engine(budget=16, outranked_chunk_tokens=limit)
+        tput = Objective.THROUGHPUT
+        (high, high_t), (low, low_t) = await asyncio.gather(
+            collect(engine, gen("high", 4, 5, objective=tput, priority=1)),
+            collect(engine, gen("low", 8, 1, objective=tput, priority=0)),
+        )
+        assert [len(high), len(low)] == [5, 1]
+        return [high_t, low_t]
+
+    assert run(main()) == pytest.approx([0.050, low_end_s], abs=1e-9)
