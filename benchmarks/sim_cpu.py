@@ -34,8 +34,9 @@ from benchmarks.sim.suite import Point, Result, run_point
 from benchmarks.sim.words import Words
 from parrot.text import Tokenizer
 
-# The table measured beside the step profile `cpu-smollm2` was fitted from (AVX512-BF16, bf16).
-REAL = Path("bench_results/apps_avx512/results.json")
+# The app table of the engine the profile `cpu-smollm2` was fitted on (AVX512-BF16, bf16; its step
+# profile: bench_results/profile_avx512_s13).
+REAL = Path("bench_results/apps_avx512_s12_full/results.json")
 OUT = Path("bench_results/sim_cpu")
 CPU = "cpu-smollm2"
 ALL = ("parrot", "a", "b", "c")
