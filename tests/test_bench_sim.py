@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from typing import Any
 
 import pytest
 
@@ -167,3 +168,45 @@ def test_finished_applications_leave_no_reference_cycles() -> None:
     found, kinds = run_virtual(main())
     assert kinds == []
     assert found == 0
+
+
+def test_a_step_computes_only_dirty_views_and_lists_only_calls_a_policy_can_act_on() -> None:
+    # A chain whose consumer starts with its producer's output: nothing of it can be filled early,
+    # so while the producer waits or runs the consumer is in no snapshot (the policy could do
+    # nothing with it); each call is listed once, when it can be dispatched. A step recomputes
+    # the views of the calls marked dirty only: after the first (both new), the consumer's.
+    calls = [
+        Call(("Summarize: ", Input("alpha beta"), "\nSummary:"), "x", 4),
+        Call((Ref("x"), "\nRefined:"), "y", 4),
+    ]
+
+    async def main() -> tuple[list[list[str]], list[list[str]], dict[str, str]]:
+        async with Cluster(setup("a100-13b"), CONFIGS["parrot"], 1) as cluster:
+            executor = cluster.manager.executor
+            updated: list[list[str]] = []
+            listed: list[list[str]] = []
+            real_step, real_update, real_plan = executor.step, executor._views.update, executor.policy.plan
+
+            def step() -> Any:
+                updated.append([])
+                return real_step()
+
+            def update(key: Any, variables: Any, run: Any) -> None:
+                updated[-1].append(key[1])
+                real_update(key, variables, run)
+
+            def plan(snapshot: Any) -> Any:
+                listed.append([c.key[1] for c in snapshot.calls])
+                return real_plan(snapshot)
+
+            executor.step, executor._views.update, executor.policy.plan = step, update, plan  # type: ignore[method-assign]
+            result = await run_app(cluster, calls, ["y"], RttModel((0.0,)).sampler("t"))
+            return updated, listed, result.values
+
+    updated, listed, values = run_virtual(main())
+    assert values == {"y": " the" * 4}
+    assert listed[0] == ["c0"]
+    assert [ids for ids in listed if ids] == [["c0"], ["c1"]]
+    assert updated[0] == ["c0", "c1"]
+    later = [ids for ids in updated[1:] if ids]
+    assert later and all(ids == ["c1"] for ids in later)

@@ -86,6 +86,7 @@ class GraphExecutor:
             run = CallRun(call, order=next(self._order), tenant=session.tenant)
             session.runs[call.call_id] = run
             self._runs[(session.session_id, call.call_id)] = run
+            self._views.mark((session.session_id, call.call_id), run)
         self._deduce[session.session_id] = session
         self._wake.set()
 
@@ -108,14 +109,14 @@ class GraphExecutor:
     def _mark_dirty(self, key: CallKey) -> None:
         run = self._runs.get(key)
         if run is not None and run.state is CallState.WAITING:
-            run.dirty = True
+            self._views.mark(key, run)
 
     def engine_died(self, engine_id: str) -> None:
         """Forget the engine's prefixes; its early-filled calls start over and its running calls
         are stopped and dispatched again elsewhere."""
         if self.prefixes is not None:
             self.prefixes.drop_engine(engine_id)
-        for run in list(self._runs.values()):
+        for key, run in list(self._runs.items()):
             runner = run.runner
             if runner is None or runner.engine.engine_id != engine_id:
                 continue
@@ -123,13 +124,14 @@ class GraphExecutor:
             if runner.task is not None and not runner.task.done():
                 runner.task.cancel()  # its early fill or run sees engine_lost
             if run.state is CallState.WAITING:
-                self._start_over(run)
+                self._start_over(key, run)
         self._wake.set()
 
-    def _start_over(self, run: CallRun) -> None:
+    def _start_over(self, key: CallKey, run: CallRun) -> None:
         """A waiting call's early work is lost: forget its runner; it may go anywhere now."""
         self._frees.retire(run)
         run.unplace()
+        self._views.mark(key, run)
         self._wake.set()
 
     async def drop_session(self, session: Session) -> None:
@@ -175,11 +177,7 @@ class GraphExecutor:
         for session in self._deduce.values():
             self._deduce_objectives(session)
         self._deduce.clear()
-        for key, run in self._runs.items():
-            if run.dirty:
-                run.dirty = False
-                if run.state is CallState.WAITING:
-                    self._views.update(key, self._sessions[key[0]].graph.variables, run)
+        self._views.refresh(self._runs, lambda session_id: self._sessions[session_id].graph.variables)
         plan = self.policy.plan(self.snapshot())
         self._apply(plan)
         return plan
@@ -190,7 +188,7 @@ class GraphExecutor:
             self._mark_dirty((session.session_id, call_id))
 
     def snapshot(self) -> Snapshot:
-        return self._views.snapshot(self._runs)
+        return self._views.snapshot()
 
     # --- applying a plan --------------------------------------------------------------------------
 
@@ -229,7 +227,7 @@ class GraphExecutor:
                 runner.counts_as_early_filled = True
                 runner.engine.num_early_filled_calls += 1
             run.num_fill_requested = fill.num_pieces
-            run.dirty = True
+            self._views.mark(fill.key, run)
             self._chain(fill.key, run, functools.partial(self._early_fill, fill.key, run, runner, fill.num_pieces))
         for dispatch in plan.dispatch:
             session, run = self._take(dispatch.key)
@@ -321,7 +319,7 @@ class GraphExecutor:
                 return  # dispatched meanwhile (the run refills and reports), started over or dropped
             if isinstance(e, EngineUnavailable):
                 self.on_engine_error(runner.engine.engine_id)
-                self._start_over(run)
+                self._start_over(key, run)
                 return
             self._fail_waiting(key, ParrotError(f"call {run.call.call_id} failed: {e.message}", status=e.status))
 
@@ -379,6 +377,7 @@ class GraphExecutor:
         self._frees.retire(run)
         self._uncount(run, runner)
         run.requeue()
+        self._views.mark(key, run)
         self._wake.set()
         return True
 

@@ -1,24 +1,29 @@
-"""What the scheduling policy sees: each waiting call's view (policy.plan.CallView), kept on its
-run record (call_run.py), and the snapshot built from the records and the engines.
+"""What the scheduling policy sees: each waiting call's view (policy.plan.CallView), kept on its run
+record (call_run.py), and the snapshot built from the records and the engines.
 
-A view is recomputed when its call is marked dirty (an input set or failed, a new deduced
-objective, an early fill). Its prefix points are computed then too, and noted in the prefix index
-(so prefixes that several known calls share are cached before either runs); its prefix hits are
-refreshed at a snapshot when the index's engines for one of its points changed since the last
-snapshot (other calls create and evict cached prefixes all the time; the rest keep theirs, so a
-step with 10k waiting calls does not look each of them up again).
+A view is recomputed when its call is marked dirty (`mark`: an input set or failed, a new deduced
+objective, an early fill); a step refreshes the marked calls only. Its prefix points are computed
+then too, and noted in the prefix index (so prefixes that several known calls share are cached
+before either runs); its prefix hits are refreshed at a snapshot when the index's engines for one
+of its points changed since the last snapshot (other calls create and evict cached prefixes all the
+time; the rest keep theirs, so a step with 10k waiting calls does not look each of them up again).
+
+A snapshot lists only the waiting calls a policy can act on (`_actionable`: an input failed, every
+input set, or ready pieces not yet filled early), kept in an index as views are computed: a call
+that waits on its producers with nothing to fill early is in no plan, and 10k of them (the second
+calls of 10k chains) would otherwise cost every step a walk over all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.plan import CallKey, CallView, EngineView, Snapshot
 from parrot.serve.policy.prefix import PrefixPoint
 from parrot.serve.runtime.analysis import failed_input, inputs_ready, num_ready_pieces
-from parrot.serve.runtime.call_run import CallRun
+from parrot.serve.runtime.call_run import CallRun, CallState
 from parrot.serve.runtime.contexts import prompt_points
 from parrot.serve.runtime.engines import EnginePool
 from parrot.serve.runtime.placements import Placements
@@ -33,6 +38,23 @@ class CallViews:
         self.cache = cache
         self.placed = Placements()  # where the running calls are; the executor adds and removes them
         self._num_engines: dict[str, int] = {}  # model -> engines serving it, at the last snapshot
+        self._listed: dict[CallKey, CallRun] = {}  # runs whose view was actionable when computed
+        self._dirty: set[CallKey] = set()  # marked since the last refresh (a run's flag: whether still)
+
+    def mark(self, key: CallKey, run: CallRun) -> None:
+        """The waiting call's view is computed again at the next step."""
+        run.dirty = True
+        self._dirty.add(key)
+
+    def refresh(self, runs: Mapping[CallKey, CallRun], variables: Callable[[str], Mapping[str, Variable]]) -> None:
+        """Compute again the views of the waiting calls marked since the last refresh, each once,
+        in submission order (a step looks at those, not at every call); `variables`: a session's."""
+        marked = [(run.order, key, run) for key in self._dirty if (run := runs.get(key)) is not None and run.dirty]
+        self._dirty.clear()
+        for _, key, run in sorted(marked, key=lambda entry: entry[0]):
+            run.dirty = False
+            if run.state is CallState.WAITING:
+                self.update(key, variables(key[0]), run)
 
     def update(self, key: CallKey, variables: Mapping[str, Variable], run: CallRun) -> None:
         """Compute the waiting call's view (and prefix points) into its record."""
@@ -67,9 +89,20 @@ class CallViews:
             ready_since=now if run.ready_since is None else run.ready_since,
             tenant=run.tenant,
         )
+        if _actionable(run.view):
+            self._listed[key] = run
+        else:
+            self._listed.pop(key, None)
 
-    def snapshot(self, runs: Mapping[CallKey, CallRun]) -> Snapshot:
-        """The policy's input: every waiting call's view, every engine's, and where the running
+    def listed(self) -> list[CallRun]:
+        """The waiting runs a policy can act on, in submission order (runs that left waiting since
+        are dropped from the index here)."""
+        for key in [k for k, run in self._listed.items() if run.view is None]:
+            del self._listed[key]
+        return sorted(self._listed.values(), key=lambda run: run.order)
+
+    def snapshot(self) -> Snapshot:
+        """The policy's input: the actionable waiting calls' views, every engine's, and where the running
         calls of each task group and application are (from `placed`, which the executor keeps as
         runs take and give back engine slots: a step does not walk the running calls)."""
         placed = self.placed
@@ -88,7 +121,7 @@ class CallViews:
             for h in self.pool.handles.values()
         )
         return Snapshot(
-            self.current(runs.values()),
+            self.current(self.listed()),
             engines,
             self.config.early_fill,
             now=self.pool.clock.now(),
@@ -125,3 +158,8 @@ class CallViews:
                     view = run.view = dataclasses.replace(view, prefix_hits=hits, prefix_floor=floor)
             views.append(view)
         return tuple(views)
+
+
+def _actionable(view: CallView) -> bool:
+    """A policy can do something with the call: fail it, dispatch it, or fill its ready pieces early."""
+    return view.failed_var_id is not None or view.inputs_ready or view.num_ready_pieces > view.num_filled_pieces
