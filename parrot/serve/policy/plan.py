@@ -63,6 +63,8 @@ class EngineView:
 
 @dataclass(frozen=True)
 class Snapshot:
+    # The waiting calls a policy can act on (an input failed, every input set, or ready pieces not
+    # yet filled early), in submission order; calls that wait on producers with nothing to fill are left out.
     calls: tuple[CallView, ...]
     engines: tuple[EngineView, ...]
     early_fill: bool = True
