@@ -47,6 +47,12 @@ class CallView:
     ready_since: float = 0.0  # monotonic time it became ready to run (aging)
     tenant: str = ""  # its session's tenant (fair share)
 
+    @property
+    def actionable(self) -> bool:
+        """A policy can do something with it: fail it, dispatch it, or fill its ready pieces early
+        (what a snapshot lists)."""
+        return self.failed_var_id is not None or self.inputs_ready or self.num_ready_pieces > self.num_filled_pieces
+
 
 @dataclass(frozen=True, slots=True)
 class EngineView:
@@ -63,8 +69,8 @@ class EngineView:
 
 @dataclass(frozen=True)
 class Snapshot:
-    # The waiting calls a policy can act on (an input failed, every input set, or ready pieces not
-    # yet filled early), in submission order; calls that wait on producers with nothing to fill are left out.
+    # The waiting calls a policy can act on (`CallView.actionable`), in submission order; calls that
+    # wait on producers with nothing to fill early are left out.
     calls: tuple[CallView, ...]
     engines: tuple[EngineView, ...]
     early_fill: bool = True

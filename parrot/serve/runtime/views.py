@@ -8,7 +8,7 @@ before either runs); its prefix hits are refreshed at a snapshot when the index'
 of its points changed since the last snapshot (other calls create and evict cached prefixes all the
 time; the rest keep theirs, so a step with 10k waiting calls does not look each of them up again).
 
-A snapshot lists only the waiting calls a policy can act on (`_actionable`: an input failed, every
+A snapshot lists only the waiting calls a policy can act on (`CallView.actionable`: an input failed, every
 input set, or ready pieces not yet filled early), kept in an index as views are computed: a call
 that waits on its producers with nothing to fill early is in no plan, and 10k of them (the second
 calls of 10k chains) would otherwise cost every step a walk over all of them.
@@ -89,7 +89,7 @@ class CallViews:
             ready_since=now if run.ready_since is None else run.ready_since,
             tenant=run.tenant,
         )
-        if _actionable(run.view):
+        if run.view.actionable:
             self._listed[key] = run
         else:
             self._listed.pop(key, None)
@@ -158,8 +158,3 @@ class CallViews:
                     view = run.view = dataclasses.replace(view, prefix_hits=hits, prefix_floor=floor)
             views.append(view)
         return tuple(views)
-
-
-def _actionable(view: CallView) -> bool:
-    """A policy can do something with the call: fail it, dispatch it, or fill its ready pieces early."""
-    return view.failed_var_id is not None or view.inputs_ready or view.num_ready_pieces > view.num_filled_pieces
