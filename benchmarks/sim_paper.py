@@ -141,6 +141,9 @@ def write_tables(results: list[Result], meta: dict[str, Any]) -> str:
     lines += [
         "## Every point",
         "",
+        "Engine counters summed over the cluster's engines (peak KV blocks: the most on one engine); a dash: "
+        "a point kept from a run that did not record them.",
+        "",
         "| point | setup | configuration | metrics | virtual s | wall s | steps | prefill tokens | preemptions "
         "| peak KV blocks |",
     ]
@@ -148,11 +151,12 @@ def write_tables(results: list[Result], meta: dict[str, Any]) -> str:
     setups = {p.key: p.setup for p in points(load_paper_workloads(), False)} | meta.get("setups", {})
     for r in results:
         m = ", ".join(f"{k}={v:.2f}" for k, v in r.metrics.items())
-        n = r.counters or {"steps": 0, "prefill_tokens": 0, "preemptions": 0, "peak_kv_blocks": 0}
+        # A result merged from a run older than the counters has none: a dash, not a zero.
+        n = [r.counters.get(k) for k in ("steps", "prefill_tokens", "preemptions", "peak_kv_blocks")]
+        counted = " | ".join("—" if v is None else f"{v:.0f}" for v in n)
         lines.append(
             f"| {r.point} | {setups.get(r.point, '')} | {CONFIGS[r.config].label} | {m} | {r.virtual_s:.1f} | "
-            f"{r.wall_s:.1f} | {n['steps']:.0f} | {n['prefill_tokens']:.0f} | {n['preemptions']:.0f} | "
-            f"{n['peak_kv_blocks']:.0f} |"
+            f"{r.wall_s:.1f} | {counted} |"
         )
     lines += ["", "## Setups", ""]
     for name in ("a100-13b", "a6000-7b"):
@@ -224,8 +228,11 @@ def main() -> None:
     todo = [p for p in points(pw, args.quick) if not args.only or any(p.key.startswith(o) for o in args.only)]
     results: list[Result] = []
     saved = args.out / "results.json"
+    saved_meta: dict[str, Any] = {}
     if (args.keep or args.table_only) and saved.exists():
-        results = [Result(**r) for r in json.loads(saved.read_text())["results"]]
+        loaded = json.loads(saved.read_text())
+        results = [Result(**r) for r in loaded["results"]]
+        saved_meta = loaded.get("meta") or {}
     if args.redo:
         results = [r for r in results if r.point not in {p.key for p in todo}]
     done = {(r.point, r.config) for r in results}
@@ -247,6 +254,8 @@ def main() -> None:
             took = f"virtual {result.virtual_s:.1f} s, wall {result.wall_s:.1f} s"
             print(f"{point.key:22} {config:13} {result.metrics}  {took}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if args.table_only:  # the results are a past run's: its commit, not the one that redraws them
+        commit = saved_meta.get("commit", commit)
     wall = sum(r.wall_s for r in results)
     about = (f"Commit {commit}, {platform.processor() or platform.machine()}; simulated on a virtual clock: "
              f"{sum(r.virtual_s for r in results) / 3600:.1f} h of serving in {wall / 60:.1f} min of wall time. "
