@@ -39,3 +39,27 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def descendants_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by the live processes below `pid` (default: this
+    process): a peer server such as vLLM and its engine-core process. Read from /proc; 0 elsewhere."""
+    root = os.getpid() if pid is None else pid
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # Fields after the command (which may hold spaces): state ppid ... utime(14) stime(15).
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])
+            times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    below: set[int] = {root}
+    grew = True
+    while grew:  # a few rounds: the tree is shallow (server, its engine core)
+        new = {p for p, parent in parents.items() if parent in below and p not in below}
+        below |= new
+        grew = bool(new)
+    return sum(times[p] for p in below - {root} if p in times)

@@ -190,8 +190,10 @@ def render_ablations(results: dict[str, Any]) -> str:
 def render_profile(results: dict[str, Any]) -> str:
     """Where each configuration's time goes, from the first run of every scenario: round trips paid
     (count and seconds, all calls, not only the critical path), prompt tokens the engine computed,
-    tokens generated, the peak of KV cache in use (cached prefixes included) and the most
-    sequences the engine was running at once (sampled every 50 ms)."""
+    tokens generated, the peak of KV cache in use (cached prefixes included), the most sequences
+    the engine was running at once (sampled every 50 ms), the CPU seconds the run took in the
+    benchmark's process (clients, manager, builtin engines) and in a peer server's processes (vLLM),
+    and for runs on vLLM its own mean time per request (arrival to finish, from its /metrics)."""
     labels = {c["key"]: c["label"] for c in results["configs"]}
     head = [
         "workload",
@@ -203,6 +205,9 @@ def render_profile(results: dict[str, Any]) -> str:
         "generated tokens",
         "peak KV tokens",
         "peak running",
+        "CPU here (s)",
+        "peer CPU (s)",
+        "vLLM e2e (ms)",
     ]
     rows = [head, ["---"] * len(head)]
     scenario_labels = {s["key"]: s["label"] for s in results["scenarios"]}
@@ -220,6 +225,9 @@ def render_profile(results: dict[str, Any]) -> str:
                 str(r.get("generated_tokens", MISSING)),
                 str(r.get("peak_kv_tokens", MISSING)),
                 str(r.get("peak_running", MISSING)),
+                fmt(r.get("cpu_s"), 1),
+                fmt(r.get("peer_cpu_s"), 1),
+                fmt(r.get("vllm_timings_ms", {}).get("e2e_ms"), 0),
             ]
         )
     return _markdown(rows)

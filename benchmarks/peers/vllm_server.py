@@ -165,6 +165,44 @@ def vllm_server(
         _stop(process)
 
 
+# vLLM's own per-request histograms (its /metrics): what the server itself took for the requests
+# of a run, beside what the client measured (the difference is the path to it and back).
+REQUEST_TIMINGS = {
+    "e2e_ms": "vllm:e2e_request_latency_seconds",
+    "queue_ms": "vllm:request_queue_time_seconds",
+    "ttft_ms": "vllm:time_to_first_token_seconds",
+    "itl_ms": "vllm:inter_token_latency_seconds",
+}
+
+
+def request_timings(base_url: str) -> dict[str, tuple[float, float]]:
+    """(sum in seconds, count) of each of vLLM's REQUEST_TIMINGS histograms, summed over labels."""
+    return parse_request_timings(httpx.get(f"{base_url}/metrics", timeout=10).text)
+
+
+def parse_request_timings(text: str) -> dict[str, tuple[float, float]]:
+    """`request_timings` from a Prometheus text page."""
+    sums = {name: [0.0, 0.0] for name in REQUEST_TIMINGS.values()}
+    for line in text.splitlines():
+        head, _, number = line.rpartition(" ")
+        name, _, _labels = head.partition("{")
+        for suffix, slot in (("_sum", 0), ("_count", 1)):
+            base = name.removesuffix(suffix)
+            if name.endswith(suffix) and base in sums:
+                sums[base][slot] += float(number)
+    return {name: (s, c) for name, (s, c) in sums.items()}
+
+
+def mean_timings_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """The mean of each REQUEST_TIMINGS histogram over what was observed between two scrapes (ms)."""
+    out = {}
+    for key, name in REQUEST_TIMINGS.items():
+        count = after[name][1] - before[name][1]
+        if count > 0:
+            out[key] = 1000.0 * (after[name][0] - before[name][0]) / count
+    return out
+
+
 def vocab_size_of(model_folder: Path) -> int:
     return int(json.loads((model_folder / "config.json").read_text())["vocab_size"])
 
