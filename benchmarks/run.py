@@ -48,10 +48,10 @@ from benchmarks.deploy import (
     cached_prompt_tokens,
     warm_up,
 )
-from benchmarks.machine import descendants_cpu_s, machine_info
+from benchmarks.machine import machine_info
 from benchmarks.netsim import RttModel
-from benchmarks.peers.vllm_server import mean_timings_ms, request_timings
 from benchmarks.report import derive, merge_into, write_report
+from benchmarks.run_cost import RunCost
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
 from benchmarks.servers import (
     openai_factory,
@@ -122,11 +122,8 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     await settle(ctx)
     monitor = KvMonitor(server).start() if server else None
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
-    vllm_url = ctx.vllm_url if config.server in ("vllm", "parrot_vllm") else None
-    timings = await asyncio.to_thread(request_timings, vllm_url) if vllm_url else None
+    cost = await RunCost(ctx.vllm_url if config.server in ("vllm", "parrot_vllm") else None).start()
     started = time.perf_counter()
-    cpu_started = (time.process_time(), descendants_cpu_s())
-    cpu_started = (time.process_time(), descendants_cpu_s())
     try:
         # Salted per scenario, configuration and repeat: no run is served from another run's prefix
         # cache (scenarios read the same documents: chain and map-reduce chunks, chat turns).
@@ -143,16 +140,7 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     finally:
         await client.aclose()
         record["wall_s"] = time.perf_counter() - started
-        # Where the run's CPU went on the shared cores: this process (clients, the manager, the
-        # builtin engines) and its children (a peer server: vLLM's API server and engine core).
-        record["cpu_s"] = time.process_time() - cpu_started[0]
-        record["peer_cpu_s"] = descendants_cpu_s() - cpu_started[1]
-        if vllm_url and timings:  # what vLLM itself took per request (its histograms are per request)
-            record["vllm_timings_ms"] = mean_timings_ms(timings, await asyncio.to_thread(request_timings, vllm_url))
-        # Where the run's CPU went on the shared cores: this process (clients, the manager, the
-        # builtin engines) and its children (a peer server: vLLM's API server and engine core).
-        record["cpu_s"] = time.process_time() - cpu_started[0]
-        record["peer_cpu_s"] = descendants_cpu_s() - cpu_started[1]
+        record |= await cost.stop()
         record["round_trips"] = sampler.num_round_trips
         record["round_trip_s"] = sampler.total_s
         if server and monitor:
@@ -347,16 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
         corpus = Corpus(Tokenizer(lat.engine.model_folder))
         rtt = RttModel.from_workloads(paper, args.rtt_scale)
-        ctx = Context(
-            scale,
-            corpus,
-            rtt,
-            servers,
-            clients,
-            client_kind,
-            UNIT_TIMEOUT_S[scale.mode],
-            vllm.base_url if vllm else None,
-        )
+        vllm_url = vllm.base_url if vllm is not None else None
+        ctx = Context(scale, corpus, rtt, servers, clients, client_kind, UNIT_TIMEOUT_S[scale.mode], vllm_url)
         print("loading workload data and warming up ...", flush=True)
         corpus.documents(1, 0)
         main_servers = {c.server for c in configs if not c.ablation} - {"lat"}

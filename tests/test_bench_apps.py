@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +16,7 @@ from benchmarks.baselines import Completion, OutputError, SessionClient, check_c
 from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
-from benchmarks.machine import descendants_cpu_s
 from benchmarks.netsim import RoundTrip, RttModel
-from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
 from benchmarks.report import derive, ratio, render_ablations, render_table
 from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
@@ -309,52 +305,10 @@ def test_map_reduce_runs_end_to_end_on_parrot_and_the_baseline(tiny_server: Loca
         # 3 maps + 1 reduce, each exactly 5 tokens (EOS ignored), counted by the engine itself.
         assert record["expected_output_tokens"] == record["generated_tokens"] == 20
         assert record["metrics"]["jct_s"] > 0.02  # at least one simulated round trip
+        assert record["cpu_s"] > 0.0  # the engine runs in this process; no vLLM behind it
+        assert "vllm_timings_ms" not in record
     assert [parrot["round_trips"], no_dag["round_trips"], baseline["round_trips"]] == [1, 2, 4]
-    for record in (parrot, no_dag, baseline):  # the engine runs in this process: its CPU is counted here
-        assert record["cpu_s"] > 0.0
-        assert record["peer_cpu_s"] >= 0.0
-        assert "vllm_timings_ms" not in record  # no vLLM behind this configuration
     assert tiny_server.wait_idle().num_running == 0
-
-
-def test_child_processes_cpu_is_counted_apart_from_this_process() -> None:
-    burn = (
-        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
-        "print('done', flush=True)\ntime.sleep(30)"
-    )
-    before = descendants_cpu_s()
-    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == "done\n"
-        assert descendants_cpu_s() - before >= 0.25
-    finally:
-        child.kill()
-        child.wait(timeout=10)
-
-
-def test_vllm_request_timings_are_read_from_its_metrics_page() -> None:
-    page = "\n".join(
-        [
-            "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.",
-            'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 1.0',
-            'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 3.0',
-            'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 2.0',
-            'vllm:e2e_request_latency_seconds_sum{engine="1",model_name="m"} 1.0',
-            'vllm:e2e_request_latency_seconds_count{engine="1",model_name="m"} 2.0',
-            'vllm:inter_token_latency_seconds_sum{engine="0"} 0.5',
-            'vllm:inter_token_latency_seconds_count{engine="0"} 10.0',
-            'vllm:request_queue_time_seconds_created{engine="0"} 1.7e9',
-        ]
-    )
-    before = parse_request_timings(page)
-    assert before["vllm:e2e_request_latency_seconds"] == (4.0, 4.0)  # summed over the engines' labels
-    assert before["vllm:inter_token_latency_seconds"] == (0.5, 10.0)
-    assert before["vllm:request_queue_time_seconds"] == (0.0, 0.0)
-    after = dict(before)
-    after["vllm:e2e_request_latency_seconds"] = (7.0, 6.0)  # two more requests, 3 s in all
-    after["vllm:inter_token_latency_seconds"] = (0.5, 10.0)  # nothing observed: no mean
-    assert mean_timings_ms(before, after) == {"e2e_ms": 1500.0}
 
 
 def test_parrot_over_an_openai_upstream_runs_an_app(tiny_server: LocalServer) -> None:

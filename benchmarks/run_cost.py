@@ -1,0 +1,35 @@
+"""What one benchmark run cost the shared cores, beside its metric: CPU seconds in this process
+(clients, the manager, builtin engines) and in its child processes (a peer server: vLLM's API
+server and engine core), and for runs on real vLLM its own mean times per request (its /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from benchmarks.machine import descendants_cpu_s
+from benchmarks.peers.vllm_server import mean_timings_ms, request_timings
+
+
+class RunCost:
+    def __init__(self, vllm_url: str | None) -> None:
+        self.vllm_url = vllm_url
+        self._cpu = (0.0, 0.0)
+        self._timings: dict[str, tuple[float, float]] | None = None
+
+    async def start(self) -> RunCost:
+        if self.vllm_url:
+            self._timings = await asyncio.to_thread(request_timings, self.vllm_url)
+        self._cpu = (time.process_time(), descendants_cpu_s())
+        return self
+
+    async def stop(self) -> dict[str, Any]:
+        cost: dict[str, Any] = {
+            "cpu_s": time.process_time() - self._cpu[0],
+            "peer_cpu_s": descendants_cpu_s() - self._cpu[1],
+        }
+        if self.vllm_url and self._timings is not None:  # vLLM's histograms observe each request once
+            after = await asyncio.to_thread(request_timings, self.vllm_url)
+            cost["vllm_timings_ms"] = mean_timings_ms(self._timings, after)
+        return cost

@@ -1,0 +1,50 @@
+"""What a benchmark run cost the shared cores (benchmarks/run_cost.py): CPU of this process and of
+its children, and real vLLM's own request timings read from its /metrics page."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from benchmarks.machine import descendants_cpu_s
+from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
+
+
+def test_child_processes_cpu_is_counted_apart_from_this_process() -> None:
+    burn = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "print('done', flush=True)\ntime.sleep(30)"
+    )
+    before = descendants_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "done\n"
+        assert descendants_cpu_s() - before >= 0.25
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def test_vllm_request_timings_are_read_from_its_metrics_page() -> None:
+    page = "\n".join(
+        [
+            "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.",
+            'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 1.0',
+            'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 3.0',
+            'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 2.0',
+            'vllm:e2e_request_latency_seconds_sum{engine="1",model_name="m"} 1.0',
+            'vllm:e2e_request_latency_seconds_count{engine="1",model_name="m"} 2.0',
+            'vllm:inter_token_latency_seconds_sum{engine="0"} 0.5',
+            'vllm:inter_token_latency_seconds_count{engine="0"} 10.0',
+            'vllm:request_queue_time_seconds_created{engine="0"} 1.7e9',
+        ]
+    )
+    before = parse_request_timings(page)
+    assert before["vllm:e2e_request_latency_seconds"] == (4.0, 4.0)  # summed over the engines' labels
+    assert before["vllm:inter_token_latency_seconds"] == (0.5, 10.0)
+    assert before["vllm:request_queue_time_seconds"] == (0.0, 0.0)
+    after = dict(before)
+    after["vllm:e2e_request_latency_seconds"] = (7.0, 6.0)  # two more requests, 3 s in all
+    after["vllm:inter_token_latency_seconds"] = (0.5, 10.0)  # nothing observed: no mean
+    assert mean_timings_ms(before, after) == {"e2e_ms": 1500.0}
