@@ -185,6 +185,16 @@ class SessionCore:
             self._sent.set()
             self._sent = asyncio.Event()
 
+    def take_batch(self) -> SubmitRequest:
+        """Everything queued, as one batch this core will never send (`SemanticFunction.arun`
+        sends it in a run of its own); must be called on the loop before it runs the flusher."""
+        with self._lock:
+            batch, self._queue = self._queue, []
+            self._num_taken += len(batch)
+            self._num_sent += len(batch)
+        variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
+        return SubmitRequest(variables=variables, calls=[op for op, _ in batch if isinstance(op, CallSpec)])
+
     async def flushed(self, seq: int) -> None:
         """Until the first `seq` queued operations have been sent (or refused)."""
         while True:

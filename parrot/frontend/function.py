@@ -23,6 +23,7 @@ Sampling settings merge in layers (sampling.py): the function's `sampling=`, the
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +33,11 @@ from parrot.frontend.core import SessionCore, current_core
 from parrot.frontend.inputs import Input, Part, bind_inputs, parts_of
 from parrot.frontend.outputs import Output, check_one_constraint, named
 from parrot.frontend.sampling import SamplingLike, Settings, merge, settings_of
+from parrot.frontend.transport import ApiTransport
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import MAX_BATCH_CALLS, Binding, CallSpec
+from parrot.protocol.objective import Criteria
+from parrot.protocol.public_api import MAX_BATCH_CALLS, MAX_GET_TIMEOUT_S, Binding, CallSpec, RunRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import parse_template
 
@@ -154,6 +157,43 @@ class SemanticFunction:
         calls = [self._prepare(core, args, kwargs, seed_offset=i) for i in range(n)]
         core.submit_calls(calls)
         return [outs[0] if len(outs) == 1 else tuple(outs) for _, outs in calls]
+
+    async def arun(
+        self,
+        base_url: str,
+        *args: Any,
+        api_key: str = "parrot",
+        criteria: Criteria | str = Criteria.LATENCY,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """One call in a session of its own, in one request (`POST /v1/run`): its output value(s),
+        parsed as `get` would (a tuple for several outputs). For a one-call application (each
+        request of a GPTs-like service): a session costs three requests (create with the call, get,
+        delete). Inputs are values, not variables of a session; raises the output's ParrotError,
+        ParrotError(408) when not done within `timeout` seconds (the call is then cancelled)."""
+        if timeout is not None and not 0 < timeout <= MAX_GET_TIMEOUT_S:
+            message = f"timeout must be in (0, {MAX_GET_TIMEOUT_S:g}] seconds, not {timeout!r}"
+            raise ParrotError(message, field="timeout")
+        transport = ApiTransport(base_url)
+        core = SessionCore(transport, asyncio.get_running_loop(), api_key=api_key)
+        try:
+            try:
+                result = self.invoke(core, *args, **kwargs)
+            finally:  # what was queued goes in the run or nowhere: never by the core's flusher
+                batch = core.take_batch()
+            outs: list[SemanticVariable] = list(result) if isinstance(result, tuple) else [result]
+            req = RunRequest(
+                submit=batch,
+                outputs=[v.var_id for v in outs],
+                criteria=Criteria(criteria),
+                timeout_s=MAX_GET_TIMEOUT_S if timeout is None else timeout,
+            )
+            answer = await transport.run(api_key, req)
+        finally:
+            await transport.aclose()
+        values = [var.parsed(got.value or "") for var, got in zip(outs, answer.values, strict=True)]
+        return tuple(values) if isinstance(result, tuple) else values[0]
 
     def invoke(self, core: SessionCore, *args: Any, **kwargs: Any) -> Any:
         spec, out_vars = self._prepare(core, args, kwargs)

@@ -314,3 +314,29 @@ class SessionCreated(_Msg):
 class GetParams(_Req):
     criteria: Criteria = Field(default=Criteria.LATENCY, strict=False)
     timeout_s: float = Field(default=60.0, gt=0, le=MAX_GET_TIMEOUT_S)
+
+
+class RunRequest(_Req):
+    """One batch run to its end in a session of its own, in one request (`POST /v1/run`): the
+    session is created with the batch, the answer waits for `outputs` and the session is deleted
+    before it is sent (a one-call app pays one request, not create, get and delete)."""
+
+    submit: SubmitRequest
+    outputs: list[str] | None = Field(
+        default=None,
+        max_length=MAX_BATCH_VARIABLES,
+        description="variable ids of the batch to answer with (awaited with `criteria`); default: every output "
+        "of its calls",
+    )
+    criteria: Criteria = Field(default=Criteria.LATENCY, strict=False)
+    timeout_s: float = Field(
+        default=MAX_GET_TIMEOUT_S,
+        gt=0,
+        le=MAX_GET_TIMEOUT_S,
+        description="past it the run's calls are cancelled and the answer is 408",
+    )
+
+
+class RunResult(_Msg):
+    submitted: SubmitResponse
+    values: list[VariableValue] = Field(description="the outputs' values, in the order of `outputs`")

@@ -155,11 +155,28 @@ def test_a_submit_that_may_have_arrived_is_never_sent_twice(status: int, proxy: 
         asyncio.run(main())
 
 
-def test_the_environments_proxy_is_read_once_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    """HTTP_PROXY / NO_PROXY are honored as `trust_env` would, but read at the session's start."""
+def test_the_environments_proxy_is_read_once_while_a_loops_sessions_are_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY / NO_PROXY are honored as `trust_env` would, but read when the first session of
+    an event loop connects, not at every request (nor at every one-request run)."""
     for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", "manager.local")
-    proxies = [ApiTransport(u)._proxy for u in ("http://manager.internal:8000", "http://manager.local:8000")]
-    assert proxies == ["http://proxy.example:3128", None]
+
+    async def proxies() -> list[str | None]:
+        transports = [ApiTransport(u) for u in ("http://manager.internal:8000", "http://manager.local:8000")]
+        try:
+            for t in transports:
+                t._client()
+            monkeypatch.setenv("HTTP_PROXY", "http://other.example:3128")  # read already: not seen
+            later = ApiTransport("http://manager.internal:8000")
+            later._client()
+            transports.append(later)
+            return [t._proxy for t in transports]
+        finally:
+            for t in transports:
+                await t.aclose()
+
+    assert asyncio.run(proxies()) == ["http://proxy.example:3128", None, "http://proxy.example:3128"]
+    # Once every session of the loop closed, the next one reads the environment again.
+    assert asyncio.run(proxies()) == ["http://other.example:3128", None, "http://other.example:3128"]

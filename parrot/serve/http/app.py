@@ -19,6 +19,7 @@ from parrot.serve.http.engines import router as engines_router
 from parrot.serve.http.openai import router as openai_router
 from parrot.serve.http.ops import router as ops_router
 from parrot.serve.http.sessions import router as sessions_router
+from parrot.serve.http.sessions import runs_router
 from parrot.serve.manager import Manager
 from parrot.web.edge import BodyLimitMiddleware, document_errors, install_error_handlers
 
@@ -53,6 +54,7 @@ def create_app(
     document_errors(app, ErrorResponse)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
     app.include_router(sessions_router)
+    app.include_router(runs_router)
     app.include_router(openai_router)
     app.include_router(engines_router)
     app.include_router(ops_router)

@@ -21,6 +21,8 @@ from parrot.protocol.public_api import (
     CreateSessionRequest,
     ErrorBody,
     ErrorResponse,
+    RunRequest,
+    RunResult,
     SessionCreated,
     SessionList,
     SessionStatus,
@@ -34,6 +36,7 @@ from parrot.protocol.public_api import (
     VariableValue,
 )
 from parrot.serve.http.deps import InspectedSessionDep, ManagerDep, SessionDep
+from parrot.serve.runs import run_once
 from parrot.serve.runtime.status import session_summary
 from parrot.web.edge import BearerToken, unless_disconnected
 
@@ -41,6 +44,15 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 410, 413)
 }
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=_ERRORS)
+runs_router = APIRouter(tags=["sessions"], responses=_ERRORS | {408: {"model": ErrorResponse}})
+
+
+@runs_router.post("/v1/run", response_model=RunResult)
+async def run(request: Request, api_key: BearerToken, manager: ManagerDep, req: RunRequest) -> RunResult:
+    """A batch run to its end in a session of its own, in one request: the answer carries the
+    outputs' values and the session is gone (an output's error is the answer; 408 after timeout_s,
+    its calls cancelled; a client that disconnects cancels the run)."""
+    return await unless_disconnected(request, run_once(manager, api_key, req))
 
 
 @router.post("", status_code=201, response_model=SessionCreated)
