@@ -2,8 +2,10 @@
 ~900-word system prompt and a question, 32 output tokens, `--requests` at `--rate` per second) sent
 to a fake vLLM (benchmarks/peers/fake_openai.py, in a process of its own, so its work is not
 counted) that streams a token every `--step-ms`, either plainly (the `openai` client, whole
-answers: the app benchmark's request-level client) or as the app benchmark's Parrot configuration
-sends them (a session per request over HTTP with the SDK, the manager, the OpenAI engine adapter).
+answers: the app benchmark's request-level client), as a session per request over HTTP with the
+SDK (create with the call, get, delete) through the manager and the OpenAI engine adapter, or as
+the app benchmark's Parrot configuration sends them: one request each (`SemanticFunction.arun`,
+`POST /v1/run`).
 
     python -m benchmarks.manager_path --rounds 5
 
@@ -101,7 +103,14 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
         async with AsyncSession(parrot_url, api_key=API_KEY) as session:
             await fn.invoke(session.core, f"question {i} ({next(salt)})").aget()
 
-    modes = {"plain (openai client, whole answers)": plain, "Parrot (SDK session, manager, adapter)": parrot}
+    async def parrot_run(i: int) -> None:
+        await fn.arun(parrot_url, f"question {i} ({next(salt)})", api_key=API_KEY)
+
+    modes = {
+        "plain (openai client, whole answers)": plain,
+        "Parrot (SDK session, manager, adapter)": parrot,
+        "Parrot, one request (fn.arun)": parrot_run,
+    }
     gap_s = 1.0 / args.rate
     for one in modes.values():  # warm-up: connections, caches, the manager's first heartbeat
         await timed(args.requests, gap_s, one)

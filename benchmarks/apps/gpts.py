@@ -16,7 +16,7 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Target, at, literal, now, semantic
+from benchmarks.apps.common import API_KEY, Corpus, Metric, Outcome, Scenario, Target, at, literal, now, semantic
 from benchmarks.baselines import render_prompt
 from benchmarks.netsim import RoundTrip
 from benchmarks.scaling import Scale
@@ -114,12 +114,11 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
         app = params.apps[app_index]
         if target.is_parrot:
             fn = semantic(app.name.replace(" ", "_").lower(), texts[app_index], ["query"], "answer", app.output_tokens)
+            # A one-call request: one HTTP request (`POST /v1/run`), as a plain client's.
             trip = RoundTrip(target.rtt)
-            async with target.session() as session:
-                await trip.out()
-                answer = fn.invoke(session.core, query)
-                text = await answer.aget()
-                await trip.back()
+            await trip.out()
+            text = await fn.arun(target.parrot_url or "", query, api_key=API_KEY)
+            await trip.back()
             assert text, "empty answer"
         else:
             prompt = render_prompt(texts[app_index], {"query": query})
