@@ -14,7 +14,6 @@ from live_server import LiveServer, live_server
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.frontend import AsyncSession, Input, Output, ParrotError, SamplingParams, semantic_function
-from parrot.frontend.transport import ApiTransport
 from parrot.serve import ManagerConfig
 
 KEY = {"Authorization": "Bearer good-key"}
@@ -137,19 +136,6 @@ def test_a_client_that_leaves_cancels_its_run(keyed_server: LiveServer) -> None:
     assert keyed_server.manager.sessions.sessions == {}
     wait_until_idle(keyed_server)
     assert decoded_tokens(keyed_server) - decoded < 4000
-
-
-@pytest.fixture
-def requests_sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    sent: list[str] = []
-    request = ApiTransport._request
-
-    async def recording(self: ApiTransport, method: str, path: str, stream: bool = False, **kw: Any) -> Any:
-        sent.append(f"{method} {path}")
-        return await request(self, method, path, stream, **kw)
-
-    monkeypatch.setattr(ApiTransport, "_request", recording)
-    return sent
 
 
 def test_arun_is_one_request_with_the_same_answer_as_a_session(

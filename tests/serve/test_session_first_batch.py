@@ -13,7 +13,6 @@ from live_server import LiveServer, live_server
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.frontend import AsyncSession, Input, Output, ParrotError, SamplingParams, Session, semantic_function
-from parrot.frontend.transport import ApiTransport
 from parrot.serve import ManagerConfig
 
 KEY = {"Authorization": "Bearer good-key"}
@@ -77,20 +76,6 @@ def test_a_refused_first_batch_leaves_no_session(
     else:
         assert "submit" in resp.text and "max_tokens" in resp.text
     assert num_sessions(http) == before
-
-
-@pytest.fixture
-def requests_sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """'METHOD path' of every request the SDK's transport sends (query strings left out)."""
-    sent: list[str] = []
-    request = ApiTransport._request
-
-    async def recording(self: ApiTransport, method: str, path: str, stream: bool = False, **kw: Any) -> Any:
-        sent.append(f"{method} {path.replace(self.session_id, '{id}') if self.session_id else path}")
-        return await request(self, method, path, stream, **kw)
-
-    monkeypatch.setattr(ApiTransport, "_request", recording)
-    return sent
 
 
 def test_a_one_call_app_costs_three_requests_and_an_empty_session_none(
