@@ -41,9 +41,15 @@ def test_vllm_request_timings_are_read_from_its_metrics_page() -> None:
         ]
     )
     before = parse_request_timings(page)
-    assert before["vllm:e2e_request_latency_seconds"] == (4.0, 4.0)  # summed over the engines' labels
-    assert before["vllm:inter_token_latency_seconds"] == (0.5, 10.0)
-    assert before["vllm:request_queue_time_seconds"] == (0.0, 0.0)
+    e2e_sum, e2e_count = before["vllm:e2e_request_latency_seconds"]  # summed over the engines' labels
+    assert e2e_sum == 4.0
+    assert e2e_count == 4.0
+    itl_sum, itl_count = before["vllm:inter_token_latency_seconds"]
+    assert itl_sum == 0.5
+    assert itl_count == 10.0
+    queue_sum, queue_count = before["vllm:request_queue_time_seconds"]  # only a _created line: nothing
+    assert queue_sum == 0.0
+    assert queue_count == 0.0
     after = dict(before)
     after["vllm:e2e_request_latency_seconds"] = (7.0, 6.0)  # two more requests, 3 s in all
     after["vllm:inter_token_latency_seconds"] = (0.5, 10.0)  # nothing observed: no mean

@@ -324,6 +324,7 @@ class RunRequest(_Req):
     submit: SubmitRequest
     outputs: list[str] | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_BATCH_VARIABLES,
         description="variable ids of the batch to answer with (awaited with `criteria`); default: every output "
         "of its calls",
