@@ -29,7 +29,8 @@ class RunCost:
             "cpu_s": time.process_time() - self._cpu[0],
             "peer_cpu_s": descendants_cpu_s() - self._cpu[1],
         }
-        if self.vllm_url and self._timings is not None:  # vLLM's histograms observe each request once
+        if self._timings is not None:  # vLLM's histograms observe each request once
+            assert self.vllm_url is not None
             after = await asyncio.to_thread(request_timings, self.vllm_url)
             cost["vllm_timings_ms"] = mean_timings_ms(self._timings, after)
         return cost

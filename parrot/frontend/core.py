@@ -164,10 +164,8 @@ class SessionCore:
                 self._awaited = {v: c for v, c in self._awaited.items() if v not in in_batch}
             if not batch:
                 return
-            variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
-            calls = [op for op, _ in batch if isinstance(op, CallSpec)]
             try:
-                req = SubmitRequest(variables=variables, calls=calls, awaited=awaited)
+                req = _as_request(batch, awaited)
                 submitted = await self.transport.submit(req) if self.session_id else await self._create(req)
                 assert submitted is not None
                 outputs = [vars_ for op, vars_ in batch if isinstance(op, CallSpec)]
@@ -192,8 +190,7 @@ class SessionCore:
             batch, self._queue = self._queue, []
             self._num_taken += len(batch)
             self._num_sent += len(batch)
-        variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
-        return SubmitRequest(variables=variables, calls=[op for op, _ in batch if isinstance(op, CallSpec)])
+        return _as_request(batch, {})
 
     async def flushed(self, seq: int) -> None:
         """Until the first `seq` queued operations have been sent (or refused)."""
@@ -297,6 +294,15 @@ class SessionCore:
             task.add_done_callback(self._natives.discard)
 
         self.loop.call_soon_threadsafe(start)
+
+
+def _as_request(
+    batch: list[tuple[VariableSpec | CallSpec, list[SemanticVariable]]], awaited: dict[str, Criteria]
+) -> SubmitRequest:
+    """Queued operations as one batch: its variables, its calls (each in queue order), `awaited`."""
+    variables = [op for op, _ in batch if isinstance(op, VariableSpec)]
+    calls = [op for op, _ in batch if isinstance(op, CallSpec)]
+    return SubmitRequest(variables=variables, calls=calls, awaited=awaited)
 
 
 def _name(fn: Callable[..., Any]) -> str:

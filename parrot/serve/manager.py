@@ -221,7 +221,7 @@ class Manager:
         self._admit()
         check_awaited(req, session.graph.variables)
         staged = self._submit(session, req.variables, self._parse(req, call_field_prefix), call_field_prefix)
-        self._note_awaited(session, req.awaited)
+        self.note_awaited(session, req.awaited)
         return submitted(staged)
 
     def _parse(self, req: SubmitRequest, call_field_prefix: str) -> list[tuple[CallSpec, ParsedTemplate, str]]:
@@ -251,7 +251,7 @@ class Manager:
         prompt: with prefix sharing it is filled once and each call forks it (batches.py)."""
         staged = [(spec, template, self.pool.resolve_model(spec.model)) for spec in specs]
         calls = self._submit(session, [], staged, "", message_prefix_ids, prompt_token_ids, len(specs) > 1).calls
-        self._note_awaited(session, {next(iter(c.outputs.values())): Criteria.LATENCY for c in calls})
+        self.note_awaited(session, {next(iter(c.outputs.values())): Criteria.LATENCY for c in calls})
         return calls
 
     def _submit(
@@ -287,7 +287,7 @@ class Manager:
             if self.sessions.sessions.get(session.session_id) is not session:
                 raise ParrotError(f"session {session.session_id!r} was closed meanwhile", status=410)
             self._commit(session, staged)
-            self._note_awaited(session, req.awaited)  # before the executor's next step dispatches
+            self.note_awaited(session, req.awaited)  # before the executor's next step dispatches
         finally:
             session.submitting = False
         return submitted(staged)
@@ -372,7 +372,8 @@ class Manager:
             var.criteria = criteria
             self.executor.criteria_changed(session)
 
-    def _note_awaited(self, session: Session, awaited: dict[str, Criteria]) -> None:
+    def note_awaited(self, session: Session, awaited: dict[str, Criteria]) -> None:
+        """Gets about to come for these variables (`SubmitRequest.awaited`, a run's outputs)."""
         for var_id, criteria in awaited.items():
             self.note_criteria(session, self.variable(session, var_id), criteria)
 

@@ -19,23 +19,21 @@ if TYPE_CHECKING:
 
 
 async def run_once(manager: Manager, api_key: str | None, req: RunRequest) -> RunResult:
-    batch = req.submit
-    if req.outputs is not None:  # awaited with the batch: objectives are deduced before any dispatch
-        known = {v.var_id for v in batch.variables if v.var_id is not None}
+    if req.outputs is not None:
+        known = {v.var_id for v in req.submit.variables if v.var_id is not None}
         unknown = next((v for v in req.outputs if v not in known), None)
         if unknown is not None:
             raise ParrotError(f"output {unknown!r} is not a variable of `submit.variables`", field="outputs")
-        awaited = {v: req.criteria for v in req.outputs} | dict(batch.awaited)
-        batch = batch.model_copy(update={"awaited": awaited})
-    created = await manager.open_session(api_key, CreateSessionRequest(submit=batch))
+    created = await manager.open_session(api_key, CreateSessionRequest(submit=req.submit))
     session = manager.session(created.session_id, created.token)
     assert created.submitted is not None
     try:
         outputs = req.outputs
-        if outputs is None:  # no await since the submit: still before the executor's next step
+        if outputs is None:
             outputs = [v for call in created.submitted.calls for v in call.outputs.values()]
-            for var_id in outputs:
-                manager.note_criteria(session, manager.variable(session, var_id), req.criteria)
+        # No await since the batch was committed: objectives are deduced with the outputs awaited
+        # before the executor's next step dispatches any call.
+        manager.note_awaited(session, dict.fromkeys(outputs, req.criteria))
         deadline = manager.pool.clock.now() + req.timeout_s
         values: list[VariableValue] = []
         for var_id in outputs:
