@@ -17,6 +17,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
+from parrot.text.recent import RecentTexts
 from parrot.text.tools import plain_messages
 
 # The one pre-tokenizer rule that reads ahead of a pre-token's start: contractions (`'re`, `'ll`,
@@ -29,6 +30,9 @@ _WINDOW = 64  # characters of a text's tail pre-tokenized first to find its stab
 _PREFIX_MIN_CHARS = 512
 _PREFIX_MAX_CHARS = 65536
 _PREFIXES_KEPT = 256
+# Texts without a known prefix (a plain request's whole prompt) are matched against recent ones at
+# every multiple of _PREFIX_MIN_CHARS characters (recent.py); this many characters of them are kept.
+_RECENT_CHARS_KEPT = 1 << 20
 
 
 def _raise(message: str) -> None:
@@ -50,6 +54,7 @@ class Tokenizer:
         self._added = [t.content for t in self._tok.get_added_tokens_decoder().values() if len(t.content) > 1]
         self._resumable = _resumes_at_pre_token_boundaries(json.loads(self._tok.to_str()))
         self._prefix_tokens = functools.lru_cache(maxsize=_PREFIXES_KEPT)(self._stable_prefix_tokens)
+        self._recent = RecentTexts(self.stable_len, _PREFIX_MIN_CHARS, _PREFIX_MAX_CHARS, _RECENT_CHARS_KEPT)
         template = cfg.get("chat_template")
         if template is None and (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
@@ -81,11 +86,21 @@ class Tokenizer:
         tokens (stable_len) are cached, and only the text from where they end is tokenized: the
         same ids and ends as tokenizing the whole text, for a tokenizer whose pre-tokenization
         resumes at a pre-token boundary as if the text began there (byte-level BPE without a
-        prefix space and without a normalizer; any other tokenizes the whole text)."""
-        if self._resumable and _PREFIX_MIN_CHARS <= known_prefix <= min(len(text), _PREFIX_MAX_CHARS):
+        prefix space and without a normalizer; any other tokenizes the whole text).
+
+        Without a known prefix, a text as long as that is matched against recently tokenized ones
+        (recent.py): a plain request's system prompt is tokenized once, not with every request."""
+        if not self._resumable:
+            return self._encode_whole(text)
+        if _PREFIX_MIN_CHARS <= known_prefix <= min(len(text), _PREFIX_MAX_CHARS):
             ids, ends, cut = self._prefix_tokens(text[:known_prefix])
-            enc = self._encode(text[cut:])
-            return ids + list(enc.ids), ends + [cut + end for _, end in enc.offsets]
+            rest_ids, rest_ends = self._encode_whole(text[cut:])
+            return ids + rest_ids, ends + [cut + end for end in rest_ends]
+        if len(text) >= _PREFIX_MIN_CHARS:
+            return self._recent.encode_offsets(text, self._encode_whole)
+        return self._encode_whole(text)
+
+    def _encode_whole(self, text: str) -> tuple[list[int], list[int]]:
         enc = self._encode(text)
         return list(enc.ids), [end for _, end in enc.offsets]
 
