@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -26,6 +27,18 @@ from parrot.protocol.errors import ParrotError
 
 bearer_scheme = HTTPBearer(auto_error=False)
 T = TypeVar("T")
+# A JSON escape of a UTF-16 surrogate: half of a pair (an emoji escaped by an ASCII-only encoder),
+# or a lone one, which no UTF-8 text (and so no tokenizer) can hold.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_ESCAPE_LEN = 6
+
+
+class BodyError(HTTPException):
+    """A request body refused while it is read (before any route sees it), naming its field."""
+
+    def __init__(self, status: int, message: str, field: str) -> None:
+        super().__init__(status, message)
+        self.field = field
 
 
 def error_body(error: ParrotError) -> dict[str, Any]:
@@ -57,7 +70,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
-        field = "body" if exc.status_code == 413 else None
+        field = exc.field if isinstance(exc, BodyError) else None
         response = error_response(ParrotError(str(exc.detail), status=exc.status_code, field=field))
         response.headers.update(exc.headers or {})  # a 405's Allow names the methods the path takes
         return response
@@ -69,7 +82,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
 class BodyLimitMiddleware:
     """Refuses request bodies over `max_body_bytes` with 413 naming the limit (declared length or
-    counted while streaming in)."""
+    counted while streaming in), and JSON bodies with a string that is not Unicode text (a lone
+    surrogate escape, `"\\ud800"`: valid JSON, but no tokenizer takes it) with 400 naming the field.
+    Only a body with a surrogate escape is parsed here (an escaped emoji's pair passes)."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
@@ -96,18 +111,59 @@ class BodyLimitMiddleware:
                 await send({"type": "http.response.body", "body": body})
                 return
         num_received = 0
+        chunks: list[bytes] = []
+        escaped = False
 
         async def counted_receive() -> Message:
-            nonlocal num_received
+            nonlocal num_received, escaped
             msg = await receive()
             if msg["type"] == "http.request":
-                num_received += len(msg.get("body", b""))
+                chunk = msg.get("body", b"")
+                num_received += len(chunk)
                 if num_received > self.max_body_bytes:
                     # FastAPI re-raises HTTPException from body reading; our handler names the limit.
-                    raise HTTPException(413, message)
+                    raise BodyError(413, message, "body")
+                tail = chunks[-1][-_ESCAPE_LEN:] if chunks else b""
+                escaped = escaped or _SURROGATE_ESCAPE.search(tail + chunk) is not None
+                chunks.append(chunk)
+                if escaped and not msg.get("more_body", False):
+                    check_text(b"".join(chunks))
             return msg
 
         await self.app(scope, counted_receive, send)
+
+
+def check_text(body: bytes) -> None:
+    """BodyError(400) naming the first string of a JSON body that is not Unicode text (a key that
+    is not names the object holding it); a body that is not JSON is left to the route."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return
+    stack: list[tuple[str, Any]] = [("body", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not _is_text(value):
+            raise BodyError(400, f"{path}: text with a lone UTF-16 surrogate (not Unicode text)", path)
+        if isinstance(value, dict):
+            for key in value:
+                if not _is_text(key):
+                    raise BodyError(400, f"{path}: a key with a lone UTF-16 surrogate (not Unicode text)", path)
+            items = list(value.items())
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        else:
+            continue
+        prefix = "" if path == "body" else f"{path}."
+        stack.extend((f"{prefix}{key}", item) for key, item in reversed(items))
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def bearer_token(
