@@ -2,8 +2,9 @@
 ~900-word system prompt and a question, 32 output tokens, `--requests` at `--rate` per second) sent
 to a fake vLLM (benchmarks/peers/fake_openai.py, in a process of its own, so its work is not
 counted) that streams a token every `--step-ms`, either plainly (the `openai` client, whole
-answers: the app benchmark's request-level client), as a session per request over HTTP with the
-SDK (create with the call, get, delete) through the manager and the OpenAI engine adapter, or as
+answers: the app benchmark's request-level client), the same client through the manager's OpenAI
+route (as the app benchmark's Parrot configurations send plain requests: the mixed workload's
+chats), as a session per request over HTTP with the SDK (create with the call, get, delete) through the manager and the OpenAI engine adapter, or as
 the app benchmark's Parrot configuration sends them: one request each (`SemanticFunction.arun`,
 `POST /v1/run`).
 
@@ -94,6 +95,7 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     template = literal(system) + "\n\nUser: {{input:query}}\nAssistant:{{output:answer}}"
     fn = semantic("app", template, ["query"], "answer", NUM_TOKENS)
     client = OpenAIClient(url, "fake")
+    via_manager = OpenAIClient(parrot_url, "fake", API_KEY)
     salt = iter(range(1 << 30))
 
     async def plain(i: int) -> None:
@@ -106,8 +108,12 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     async def parrot_run(i: int) -> None:
         await fn.arun(parrot_url, f"question {i} ({next(salt)})", api_key=API_KEY)
 
+    async def openai_route(i: int) -> None:
+        await via_manager.complete(f"{system}\n\nUser: question {i} ({next(salt)})\nAssistant:", NUM_TOKENS)
+
     modes = {
         "plain (openai client, whole answers)": plain,
+        "openai client through the manager": openai_route,
         "Parrot (SDK session, manager, adapter)": parrot,
         "Parrot, one request (fn.arun)": parrot_run,
     }
@@ -119,6 +125,7 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
         for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
             results[mode].append(await timed(args.requests, gap_s, modes[mode]))
     await client.aclose()
+    await via_manager.aclose()
     return results
 
 

@@ -54,6 +54,17 @@ class Target:
         assert self.client is not None, f"{self.config} has no request-level client"
         return self.client
 
+    async def run_one(self, fn: SemanticFunction, *inputs: str) -> str:
+        """A one-call app as one HTTP request (`POST /v1/run`, as a plain client's), paying one
+        simulated round trip; its output must not be empty."""
+        assert self.parrot_url is not None
+        trip = RoundTrip(self.rtt)
+        await trip.out()
+        text = await fn.arun(self.parrot_url, *inputs, api_key=API_KEY)
+        await trip.back()
+        assert text, f"{fn.name}: empty answer"
+        return text
+
 
 @dataclass
 class Outcome:

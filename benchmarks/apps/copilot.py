@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Target, literal, now, semantic
 from benchmarks.baselines import render_prompt
-from benchmarks.netsim import RoundTrip
 from benchmarks.scaling import Scale
 
 NAME = "copilot"
@@ -60,12 +59,7 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
     async def one(query: str) -> float:
         if target.is_parrot:
             fn = semantic("copilot", text, ["query"], "answer", params.output_tokens)
-            trip = RoundTrip(target.rtt)
-            async with target.session() as session:
-                await trip.out()
-                answer = await fn.invoke(session.core, query).aget()
-                await trip.back()
-            assert answer, "empty answer"
+            await target.run_one(fn, query)
         else:
             prompt = render_prompt(text, {"query": query})
             await target.request_client().complete(prompt, params.output_tokens)

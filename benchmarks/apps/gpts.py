@@ -16,9 +16,8 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from benchmarks.apps.common import API_KEY, Corpus, Metric, Outcome, Scenario, Target, at, literal, now, semantic
+from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Target, at, literal, now, semantic
 from benchmarks.baselines import render_prompt
-from benchmarks.netsim import RoundTrip
 from benchmarks.scaling import Scale
 
 NAME = "gpts"
@@ -114,12 +113,7 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
         app = params.apps[app_index]
         if target.is_parrot:
             fn = semantic(app.name.replace(" ", "_").lower(), texts[app_index], ["query"], "answer", app.output_tokens)
-            # A one-call request: one HTTP request (`POST /v1/run`), as a plain client's.
-            trip = RoundTrip(target.rtt)
-            await trip.out()
-            text = await fn.arun(target.parrot_url or "", query, api_key=API_KEY)
-            await trip.back()
-            assert text, "empty answer"
+            await target.run_one(fn, query)
         else:
             prompt = render_prompt(texts[app_index], {"query": query})
             await target.request_client().complete(prompt, app.output_tokens)
