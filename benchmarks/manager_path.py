@@ -4,7 +4,8 @@ to a fake vLLM (benchmarks/peers/fake_openai.py, in a process of its own, so its
 counted) that streams a token every `--step-ms`, either plainly (the `openai` client, whole
 answers: the app benchmark's request-level client), the same client through the manager's OpenAI
 route (as the app benchmark's Parrot configurations send plain requests: the mixed workload's
-chats), as a session per request over HTTP with the SDK (create with the call, get, delete) through the manager and the OpenAI engine adapter, or as
+chats), as a session per request over HTTP with the SDK (create with the call, get, delete)
+through the manager and the OpenAI engine adapter, or as
 the app benchmark's Parrot configuration sends them: one request each (`SemanticFunction.arun`,
 `POST /v1/run`).
 
