@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--startup-s", type=float, default=1200.0)
+    parser.add_argument("--modes", nargs="+", help="only these modes (names as printed)")
     args = parser.parse_args()
     gap_s = 1.0 / args.rate
     with vllm_server(startup_timeout_s=args.startup_s) as server:
@@ -106,9 +107,14 @@ def main() -> None:
             "streamed+priority": lambda p: direct(server, p, gap_s, {**STREAMED, "priority": -1}),
             "streamed, chunks of 16": lambda p: direct(server, p, gap_s, {**STREAMED, "stream_interval": 16}),
             "ids, chunks of 16": lambda p: direct(server, p, gap_s, {**IDS, "stream_interval": 16}),
+            "ids": lambda p: direct(server, p, gap_s, IDS),
             "parrot": lambda p: via_parrot(server, p, gap_s),
             "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, 8),
         }
+        if args.modes:
+            unknown = set(args.modes) - set(modes)
+            assert not unknown, f"unknown modes {sorted(unknown)}; known: {list(modes)}"
+            modes = {m: modes[m] for m in args.modes}
         asyncio.run(direct(server, prompts("paths/warm"), gap_s, {}))
         results: dict[str, list[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
