@@ -4,10 +4,10 @@ to a fake vLLM (benchmarks/peers/fake_openai.py, in a process of its own, so its
 counted) that streams a token every `--step-ms`, either plainly (the `openai` client, whole
 answers: the app benchmark's request-level client), the same client through the manager's OpenAI
 route (as the app benchmark's Parrot configurations send plain requests: the mixed workload's
-chats), as a session per request over HTTP with the SDK (create with the call, get, delete)
-through the manager and the OpenAI engine adapter, or as
-the app benchmark's Parrot configuration sends them: one request each (`SemanticFunction.arun`,
-`POST /v1/run`).
+chats; and that again with the tokenizer's recent-text cache off), as a session per request over
+HTTP with the SDK (create with the call, get, delete) through the manager and the OpenAI engine
+adapter, or as the app benchmark's Parrot configuration sends them: one request each
+(`SemanticFunction.arun`, `POST /v1/run`).
 
     python -m benchmarks.manager_path --rounds 5
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import resource
@@ -30,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,7 @@ from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.frontend import AsyncSession
 from parrot.launch import OpenAIUpstream
 from parrot.serve import ManagerConfig
+from parrot.text.recent import Encoded, RecentTexts
 
 OUT = Path("bench_results/manager_path")
 NUM_TOKENS = 32
@@ -57,6 +59,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def no_recent_texts() -> Iterator[None]:
+    """The tokenizer without its recent-text cache (parrot/text/recent.py): every text tokenized
+    whole, as before the fifteenth session (the A/B of that cache; modes run one at a time)."""
+    cached = RecentTexts.encode_offsets
+
+    def whole(self: RecentTexts, text: str, encode: Callable[[str], Encoded]) -> Encoded:
+        return encode(text)
+
+    RecentTexts.encode_offsets = whole  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RecentTexts.encode_offsets = cached  # type: ignore[method-assign]
 
 
 def start_fake(step_ms: float) -> tuple[subprocess.Popen[bytes], str]:
@@ -115,6 +133,7 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     modes = {
         "plain (openai client, whole answers)": plain,
         "openai client through the manager": openai_route,
+        "the same, prompts tokenized whole": openai_route,
         "Parrot (SDK session, manager, adapter)": parrot,
         "Parrot, one request (fn.arun)": parrot_run,
     }
@@ -124,7 +143,8 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
-            results[mode].append(await timed(args.requests, gap_s, modes[mode]))
+            with no_recent_texts() if "tokenized whole" in mode else contextlib.nullcontext():
+                results[mode].append(await timed(args.requests, gap_s, modes[mode]))
     await client.aclose()
     await via_manager.aclose()
     return results
