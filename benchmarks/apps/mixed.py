@@ -77,12 +77,17 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
 
 
 def chat_prompts(params: Params, corpus: Corpus) -> list[tuple[str, int]]:
-    """(chat-formatted prompt, output tokens) of every chat request."""
+    """(chat-formatted prompt, output tokens) of every chat request. The user's message starts with
+    the run's salt (Corpus.salted), as every other text piece does: without it, the same chats in
+    every run were served from the prefix cache of an earlier run or of a configuration sharing
+    the server (until the fifteenth session: (d) vLLM computed 384 fewer prompt tokens than
+    Parrot+vLLM, which ran before it on that vLLM)."""
     turns = corpus.chat_turns(params.num_chat, SEED, params.chat_max_prompt_tokens)
     tokenizer: Tokenizer = corpus.tokenizer
     out = []
     for t in turns:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": t.prompt}], add_generation_prompt=True)
+        message = {"role": "user", "content": corpus.salt_prefix + t.prompt}
+        prompt = tokenizer.apply_chat_template([message], add_generation_prompt=True)
         length = max(
             params.chat_min_output, min(params.chat_max_output, round(t.reply_len * params.chat_output_factor))
         )
