@@ -8,8 +8,11 @@ takes the tokens the earlier text had there, up to the prefix's stable end (Toke
 tokens no continuation can change), and only the rest is tokenized. For a tokenizer that resumes at
 pre-token boundaries the result is the tokens of the whole text, exactly; the caller checks that.
 
-Bounded by the characters of the texts kept (least recently used first out); a hash match is
-confirmed by comparing the texts, so a collision costs a tokenization, never a wrong token.
+A text is kept up to `max_prefix` characters (with its tokens that end there), and the texts kept
+are bounded by their characters, least recently used out first. Each prefix digest names the text
+that last used it (a hit re-points the shorter prefixes to the text it found), and a text no
+digest names any more is dropped at once. A hash match is confirmed by comparing the texts, so a
+collision costs a tokenization, never a wrong token.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class _Seen:
     ends: array[int]
     digests: list[bytes]
     cuts: dict[int, tuple[int, int]] = field(default_factory=dict)  # prefix length -> (tokens, their end)
+    num_named: int = 0  # digests that name this text (0: unreachable, dropped)
 
 
 class RecentTexts:
@@ -58,12 +62,18 @@ class RecentTexts:
             tail_ids, tail_ends = encode(text[cut:])
             ids, ends = head_ids + tail_ids, head_ends + [cut + end for end in tail_ends]
         if num_known < len(digests):
-            self._keep(_Seen(text, array("q", ids), array("q", ends), digests))
+            kept = len(digests) * self._step  # only prefixes up to here are ever matched
+            n = bisect.bisect_right(ends, kept)
+            self._keep(_Seen(text[:kept], array("q", ids[:n]), array("q", ends[:n]), digests))
         return ids, ends
 
     @property
     def num_kept(self) -> int:
         return len(self._seen)
+
+    @property
+    def num_chars(self) -> int:
+        return self._chars
 
     def _digests(self, text: str) -> list[bytes]:
         """The digest of text[:k * step] for every k with k * step <= min(len(text), max_prefix)."""
@@ -88,6 +98,8 @@ class RecentTexts:
                     n = bisect.bisect_right(seen.ends, stable)
                     cut = seen.cuts[length] = (n, seen.ends[n - 1] if n else 0)
                 self._seen.move_to_end(id(seen))
+                for digest in digests[: k - 1]:  # its shorter prefixes stay with the text just used
+                    self._name(digest, seen)
                 n, end = cut
                 return k, list(seen.ids[:n]), list(seen.ends[:n]), end
         return None
@@ -97,10 +109,22 @@ class RecentTexts:
             self._seen[id(seen)] = seen
             self._chars += len(seen.text)
             for digest in seen.digests:  # the newest text holds each prefix: the oldest go first
-                self._by_digest[digest] = seen
+                self._name(digest, seen)
             while self._chars > self._chars_kept and len(self._seen) > 1:
                 _, old = self._seen.popitem(last=False)
                 self._chars -= len(old.text)
                 for digest in old.digests:
                     if self._by_digest.get(digest) is old:
                         del self._by_digest[digest]
+
+    def _name(self, digest: bytes, seen: _Seen) -> None:
+        """`digest` names `seen` now; a text it named before that no digest names is dropped."""
+        before = self._by_digest.get(digest)
+        if before is seen:
+            return
+        self._by_digest[digest] = seen
+        seen.num_named += 1
+        if before is not None:
+            before.num_named -= 1
+            if before.num_named == 0 and self._seen.pop(id(before), None) is not None:
+                self._chars -= len(before.text)

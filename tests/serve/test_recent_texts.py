@@ -102,3 +102,46 @@ def test_a_digest_collision_tokenizes_the_whole_text(default_model_folder: Path)
     assert recent.encode_offsets(first, encode) == tok._encode_whole(first)
     assert recent.encode_offsets(second, encode) == tok._encode_whole(second)
     assert encode.lengths == [len(first), len(second)]  # the second matched no text: tokenized whole
+
+
+def test_a_text_that_another_extends_is_dropped_and_a_long_text_is_kept_to_its_last_mark(
+    default_model_folder: Path,
+) -> None:
+    """A conversation growing turn by turn: each turn's text takes over every prefix of the one
+    before, which no prefix names any more and is dropped. A text is kept to its last 512-character
+    mark only (longer prefixes are never matched): a 70,000-character text keeps 65,536."""
+    tok = Tokenizer(default_model_folder)
+    recent = RecentTexts(tok.stable_len, 512, 65536, 1 << 20)
+    encode = Counting(tok)
+    text = "System: you are a careful assistant who answers briefly. " * 12
+    for turn in range(6):
+        text += f"User: question {turn} about the river and the harbor? " * 8
+        assert recent.encode_offsets(text, encode) == tok._encode_whole(text)
+        assert recent.num_kept == 1
+    assert recent.num_chars == len(text) // 512 * 512
+    long_text = "lantern meadow " * 4700  # 70,500 characters
+    assert recent.encode_offsets(long_text, encode) == tok._encode_whole(long_text)
+    assert recent.num_chars == len(text) // 512 * 512 + 65536
+
+
+def test_the_least_recently_used_text_goes_first_and_no_prefix_names_a_text_gone(default_model_folder: Path) -> None:
+    tok = Tokenizer(default_model_folder)
+    recent = RecentTexts(tok.stable_len, 512, 65536, 3 * 1024)
+    encode = Counting(tok)
+    names = ("alpha", "beta", "gamma")
+    texts = [f"Document {name}: " + f"the {name} river runs past the harbor. " * 30 for name in names]
+    for text in texts:  # each kept to 1,024 characters: all three fit
+        assert recent.encode_offsets(text, encode) == tok._encode_whole(text)
+    assert recent.num_kept == 3
+    again = texts[0][:1100] + " and a new question"  # alpha used again: the most recent now
+    assert recent.encode_offsets(again, encode) == tok._encode_whole(again)
+    delta = "Document delta: " + "the delta river runs past the harbor. " * 30
+    assert recent.encode_offsets(delta, encode) == tok._encode_whole(delta)  # one must go: beta
+    del encode.lengths[:]
+    for text in texts:
+        assert recent.encode_offsets(text, encode) == tok._encode_whole(text)
+    alpha, beta, _ = encode.lengths
+    assert alpha < len(texts[0]) - 900  # still kept
+    assert beta == len(texts[1])  # dropped, and no prefix of it led to a text gone
+    named = set(map(id, recent._by_digest.values()))
+    assert named == set(recent._seen)  # every digest names a kept text, every kept text is named
