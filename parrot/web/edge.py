@@ -31,6 +31,10 @@ T = TypeVar("T")
 # or a lone one, which no UTF-8 text (and so no tokenizer) can hold.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _ESCAPE_LEN = 6
+# Read left to right: an escaped backslash, a high-low pair, or a lone surrogate (the `lone` group).
+_ESCAPES = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})"
+)
 
 
 class BodyError(HTTPException):
@@ -83,8 +87,9 @@ def install_error_handlers(app: FastAPI) -> None:
 class BodyLimitMiddleware:
     """Refuses request bodies over `max_body_bytes` with 413 naming the limit (declared length or
     counted while streaming in), and JSON bodies with a string that is not Unicode text (a lone
-    surrogate escape, `"\\ud800"`: valid JSON, but no tokenizer takes it) with 400 naming the field.
-    Only a body with a surrogate escape is parsed here (an escaped emoji's pair passes)."""
+    surrogate escape, `"\\ud800"`: valid JSON, but no tokenizer takes it) with 400 naming the field,
+    as the route reads the body. The bytes are scanned as they come; only a body with an unpaired
+    surrogate escape is parsed here, on a worker thread (an escaped emoji's pair passes)."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
@@ -112,10 +117,11 @@ class BodyLimitMiddleware:
                 return
         num_received = 0
         chunks: list[bytes] = []
+        tail = b""  # the last bytes seen: an escape may straddle chunks
         escaped = False
 
         async def counted_receive() -> Message:
-            nonlocal num_received, escaped
+            nonlocal num_received, tail, escaped
             msg = await receive()
             if msg["type"] == "http.request":
                 chunk = msg.get("body", b"")
@@ -123,22 +129,27 @@ class BodyLimitMiddleware:
                 if num_received > self.max_body_bytes:
                     # FastAPI re-raises HTTPException from body reading; our handler names the limit.
                     raise BodyError(413, message, "body")
-                tail = chunks[-1][-_ESCAPE_LEN:] if chunks else b""
-                escaped = escaped or _SURROGATE_ESCAPE.search(tail + chunk) is not None
+                seen = tail + chunk[: _ESCAPE_LEN - 1]  # an escape across the boundary
+                escaped = escaped or bool(_SURROGATE_ESCAPE.search(seen) or _SURROGATE_ESCAPE.search(chunk))
+                tail = seen[-(_ESCAPE_LEN - 1) :] if len(chunk) < _ESCAPE_LEN - 1 else chunk[-(_ESCAPE_LEN - 1) :]
                 chunks.append(chunk)
-                if escaped and not msg.get("more_body", False):
-                    check_text(b"".join(chunks))
+                if not msg.get("more_body", False):
+                    body = b"".join(chunks) if escaped else b""
+                    chunks.clear()
+                    if escaped and any(m.group("lone") for m in _ESCAPES.finditer(body)):
+                        await asyncio.to_thread(check_text, body)  # which field: parsed off the loop
             return msg
 
         await self.app(scope, counted_receive, send)
 
 
 def check_text(body: bytes) -> None:
-    """BodyError(400) naming the first string of a JSON body that is not Unicode text (a key that
-    is not names the object holding it); a body that is not JSON is left to the route."""
+    """BodyError(400) naming a string of a JSON body that is not Unicode text (an object's keys are
+    checked before its values; a key that is not text names the object holding it); a body that is
+    not JSON is left to the route."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return
     stack: list[tuple[str, Any]] = [("body", doc)]
     while stack:

@@ -62,11 +62,9 @@ def test_a_session_keeps_working_after_a_refused_value(server: LiveServer) -> No
     assert resp.status_code == 200, resp.text
 
 
-def test_an_escape_split_between_body_chunks_is_found() -> None:
-    """The body arrives in pieces; the escape `\\ud800` straddles two of them."""
-    body = b'{"prompt": "abc \\ud800 def"}'
-    cut = body.index(b"d800")
-    pieces = [body[:cut], body[cut:]]
+def run_middleware(pieces: list[bytes]) -> BodyError | None:
+    """The body in `pieces` through BodyLimitMiddleware to an app that reads it all; the refusal."""
+    pieces = list(pieces)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         while (await receive()).get("more_body"):
@@ -80,7 +78,42 @@ def test_an_escape_split_between_body_chunks_is_found() -> None:
         raise AssertionError(message)
 
     middleware = BodyLimitMiddleware(app, max_body_bytes=1 << 20)
-    with pytest.raises(BodyError) as refused:
+    try:
         asyncio.run(middleware({"type": "http", "headers": []}, receive, send))
-    assert refused.value.status_code == 400
-    assert refused.value.field == "prompt"
+    except BodyError as refused:
+        return refused
+    return None
+
+
+BODY = b'{"prompt": "abc \\ud800 def"}'
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [BODY[: BODY.index(b"d800")], BODY[BODY.index(b"d800") :]],  # two pieces, the escape cut
+        [BODY[: BODY.index(b"\\")], b"\\", b"u", BODY[BODY.index(b"d800") :]],  # three and more
+        [BODY[: BODY.index(b"00 ")], b"", BODY[BODY.index(b"00 ") :]],  # an empty piece between
+        [BODY[i : i + 1] for i in range(len(BODY))],  # a byte at a time
+    ],
+)
+def test_an_escape_split_between_body_chunks_is_found(pieces: list[bytes]) -> None:
+    assert b"".join(pieces) == BODY
+    refused = run_middleware(pieces)
+    assert refused is not None
+    assert refused.status_code == 400
+    assert refused.field == "prompt"
+
+
+def test_pairs_escaped_backslashes_and_other_bodies_pass_the_scan() -> None:
+    for body in (
+        b'{"prompt": "a parrot \\ud83e\\udd9c"}',  # a pair
+        b'{"prompt": "\\\\ud800 is text"}',  # an escaped backslash, then the letters
+        b"not json at all \\ud800",  # not JSON: the route answers it
+        b"[" * 100_000 + b'"\\ud800"' + b"]" * 100_000,  # too deep to parse: the route answers it
+    ):
+        for pieces in ([body], [body[:7], body[7:]]):
+            assert run_middleware(pieces) is None, body[:40]
+    refused = run_middleware([b'{"a": [{"b": "ok"}, {"c": "\\\\\\ud800"}]}'])  # backslash, then an escape
+    assert refused is not None
+    assert refused.field == "a.1.c"
