@@ -117,7 +117,7 @@ async def completions(
     prompt_ids = None
     if isinstance(prompt, str) and _OFFLOAD_CHARS < len(prompt) <= MAX_TEMPLATE_CHARS:  # off the event loop
         tokenizer = manager.pool.for_model(manager.pool.resolve_model(req.model)).tokenizer
-        prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
+        prompt_ids = (await asyncio.to_thread(tokenizer.encode_offsets, prompt))[0]
     top = req.logprobs or 0
     extra, field = constraint(req)
     if req.echo and req.logprobs is not None:  # the prompt's logprobs too: one scoring fill of it
@@ -229,7 +229,10 @@ def _render_chat(
     if len(counts) > _MAX_MESSAGE_POINTS:
         counts = [1, *counts[-(_MAX_MESSAGE_POINTS - 1) :]]
     prefixes = [tokenizer.apply_chat_template(messages[:k], False, tools=tools) for k in counts]
-    return prompt, tokenizer.encode(prompt), tokenizer.encode_batch(prefixes)
+    # Through the tokenizer's recent texts: the prefixes are tokenized from the prompt's tokens
+    # (each begins it), a system prompt from the last request's that had it.
+    ids = tokenizer.encode_offsets(prompt)[0]
+    return prompt, ids, [tokenizer.encode_offsets(p)[0] for p in prefixes]
 
 
 def _message(m: dict[str, Any], text: str) -> dict[str, Any]:
