@@ -47,6 +47,7 @@ from parrot.text.recent import Encoded, RecentTexts
 
 OUT = Path("bench_results/manager_path")
 NUM_TOKENS = 32
+WHOLE_PROMPTS = "the same, prompts tokenized whole"  # the mode run with the recent-text cache off
 WORDS = "the quick brown fox jumps over a lazy dog while many clever people watch it"
 
 
@@ -133,7 +134,7 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     modes = {
         "plain (openai client, whole answers)": plain,
         "openai client through the manager": openai_route,
-        "the same, prompts tokenized whole": openai_route,
+        WHOLE_PROMPTS: openai_route,
         "Parrot (SDK session, manager, adapter)": parrot,
         "Parrot, one request (fn.arun)": parrot_run,
     }
@@ -143,7 +144,7 @@ async def measure(url: str, parrot_url: str, args: argparse.Namespace) -> dict[s
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
-            with no_recent_texts() if "tokenized whole" in mode else contextlib.nullcontext():
+            with no_recent_texts() if mode == WHOLE_PROMPTS else contextlib.nullcontext():
                 results[mode].append(await timed(args.requests, gap_s, modes[mode]))
     await client.aclose()
     await via_manager.aclose()

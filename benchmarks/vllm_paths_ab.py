@@ -113,7 +113,8 @@ def main() -> None:
         }
         if args.modes:
             unknown = set(args.modes) - set(modes)
-            assert not unknown, f"unknown modes {sorted(unknown)}; known: {list(modes)}"
+            if unknown:
+                parser.error(f"unknown modes {sorted(unknown)}; known: {list(modes)}")
             modes = {m: modes[m] for m in args.modes}
         asyncio.run(direct(server, prompts("paths/warm"), gap_s, {}))
         results: dict[str, list[float]] = {m: [] for m in modes}
