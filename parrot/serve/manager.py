@@ -343,12 +343,19 @@ class Manager:
         return var.info()
 
     async def get_variable(
-        self, session: Session, var_id: str, criteria: Criteria = Criteria.LATENCY, timeout_s: float = 60.0
+        self,
+        session: Session,
+        var_id: str,
+        criteria: Criteria = Criteria.LATENCY,
+        timeout_s: float = 60.0,
+        counted: bool = True,
     ) -> VariableValue:
-        """The value once ready; the variable's own error if it failed; 408 after `timeout_s`."""
+        """The value once ready; the variable's own error if it failed; 408 after `timeout_s`.
+        `counted=False`: within a request already counted in variable_gets (a run's later outputs)."""
         var = self.variable(session, var_id)
         self.note_criteria(session, var, criteria)
-        self.metrics.variable_get()
+        if counted:
+            self.metrics.variable_get()
         with session.waiting():
             await var.wait(timeout_s)
         if var.error is not None:

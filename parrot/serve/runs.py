@@ -36,10 +36,10 @@ async def run_once(manager: Manager, api_key: str | None, req: RunRequest) -> Ru
         manager.note_awaited(session, dict.fromkeys(outputs, req.criteria))
         deadline = manager.pool.clock.now() + req.timeout_s
         values: list[VariableValue] = []
-        for var_id in outputs:
+        for i, var_id in enumerate(outputs):
             wait_s = max(deadline - manager.pool.clock.now(), 1e-3)
-            try:
-                values.append(await manager.get_variable(session, var_id, req.criteria, wait_s))
+            try:  # one request: one client wait counted, whatever the number of outputs
+                values.append(await manager.get_variable(session, var_id, req.criteria, wait_s, counted=i == 0))
             except ParrotError as e:
                 if e.status != 408:
                     raise

@@ -79,8 +79,10 @@ def test_a_run_answers_its_outputs_and_leaves_no_session(keyed_server: LiveServe
     # Without `outputs`: every output of the batch's calls, in order.
     batch = {**BATCH, "variables": [{"var_id": "q", "value": "cats"}]}
     call = {**CALL, "bindings": {"q": {"var_id": "q"}}}  # the output's variable made by the server
+    gets = keyed_server.manager.metrics.totals["gets"]
     every = http.post("/v1/run", json={"submit": {**batch, "calls": [call, call]}}, headers=KEY)
     assert every.status_code == 200, every.text
+    assert keyed_server.manager.metrics.totals["gets"] == gets + 1  # one request: one client wait
     values = every.json()["values"]
     assert len(values) == 2
     assert values[0]["value"] == values[1]["value"] == body["values"][0]["value"]
