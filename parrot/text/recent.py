@@ -22,10 +22,18 @@ import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Encoded = tuple[list[int], list[int]]  # ids, and where each token ends in the text (characters)
+
+
+def stable_head(ends: Sequence[int], stable: int) -> tuple[int, int]:
+    """(how many tokens end within the first `stable` characters, where the last of them ends):
+    the tokens kept from a text whose first `stable` characters no continuation changes; what
+    follows them is tokenized with the rest."""
+    n = bisect.bisect_right(ends, stable)
+    return n, ends[n - 1] if n else 0
 
 
 @dataclass(eq=False)
@@ -94,9 +102,7 @@ class RecentTexts:
                     continue
                 cut = seen.cuts.get(length)
                 if cut is None:
-                    stable = self._stable_len(seen.text[:length])
-                    n = bisect.bisect_right(seen.ends, stable)
-                    cut = seen.cuts[length] = (n, seen.ends[n - 1] if n else 0)
+                    cut = seen.cuts[length] = stable_head(seen.ends, self._stable_len(seen.text[:length]))
                 self._seen.move_to_end(id(seen))
                 for digest in digests[: k - 1]:  # its shorter prefixes stay with the text just used
                     self._name(digest, seen)

@@ -6,7 +6,6 @@ threads (the `tokenizers` library releases the GIL while encoding).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from parrot.text.recent import RecentTexts
+from parrot.text.recent import RecentTexts, stable_head
 from parrot.text.tools import plain_messages
 
 # The one pre-tokenizer rule that reads ahead of a pre-token's start: contractions (`'re`, `'ll`,
@@ -106,12 +105,9 @@ class Tokenizer:
 
     def _stable_prefix_tokens(self, prefix: str) -> tuple[list[int], list[int], int]:
         """The tokens of `prefix` that no continuation changes, their ends, and where they end."""
-        enc = self._encode(prefix)
-        cut = self.stable_len(prefix)
-        ends = [end for _, end in enc.offsets]
-        k = bisect.bisect_right(ends, cut)
-        cut = ends[k - 1] if k else 0  # the text after the kept tokens is tokenized with the rest
-        return list(enc.ids[:k]), ends[:k], cut
+        ids, ends = self._encode_whole(prefix)
+        k, cut = stable_head(ends, self.stable_len(prefix))
+        return ids[:k], ends[:k], cut
 
     def stable_len(self, text: str, end: int | None = None) -> int:
         """The longest prefix of text[:end], in characters, whose tokens no continuation can change:

@@ -30,7 +30,6 @@ T = TypeVar("T")
 # A JSON escape of a UTF-16 surrogate: half of a pair (an emoji escaped by an ASCII-only encoder),
 # or a lone one, which no UTF-8 text (and so no tokenizer) can hold.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-_ESCAPE_LEN = 6
 # Read left to right: an escaped backslash, a high-low pair, or a lone surrogate (the `lone` group).
 _ESCAPES = re.compile(
     rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})"
@@ -88,8 +87,8 @@ class BodyLimitMiddleware:
     """Refuses request bodies over `max_body_bytes` with 413 naming the limit (declared length or
     counted while streaming in), and JSON bodies with a string that is not Unicode text (a lone
     surrogate escape, `"\\ud800"`: valid JSON, but no tokenizer takes it) with 400 naming the field,
-    as the route reads the body. The bytes are scanned as they come; only a body with an unpaired
-    surrogate escape is parsed here, on a worker thread (an escaped emoji's pair passes)."""
+    as the route reads the body. The whole body's bytes are scanned once; only a body with an
+    unpaired surrogate escape is parsed here, on a worker thread (an escaped emoji's pair passes)."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
@@ -116,12 +115,10 @@ class BodyLimitMiddleware:
                 await send({"type": "http.response.body", "body": body})
                 return
         num_received = 0
-        chunks: list[bytes] = []
-        tail = b""  # the last bytes seen: an escape may straddle chunks
-        escaped = False
+        chunks: list[bytes] = []  # held until the last: a surrogate escape may straddle chunks
 
         async def counted_receive() -> Message:
-            nonlocal num_received, tail, escaped
+            nonlocal num_received
             msg = await receive()
             if msg["type"] == "http.request":
                 chunk = msg.get("body", b"")
@@ -129,14 +126,11 @@ class BodyLimitMiddleware:
                 if num_received > self.max_body_bytes:
                     # FastAPI re-raises HTTPException from body reading; our handler names the limit.
                     raise BodyError(413, message, "body")
-                seen = tail + chunk[: _ESCAPE_LEN - 1]  # an escape across the boundary
-                escaped = escaped or bool(_SURROGATE_ESCAPE.search(seen) or _SURROGATE_ESCAPE.search(chunk))
-                tail = seen[-(_ESCAPE_LEN - 1) :] if len(chunk) < _ESCAPE_LEN - 1 else chunk[-(_ESCAPE_LEN - 1) :]
                 chunks.append(chunk)
                 if not msg.get("more_body", False):
-                    body = b"".join(chunks) if escaped else b""
+                    body = b"".join(chunks)
                     chunks.clear()
-                    if escaped and any(m.group("lone") for m in _ESCAPES.finditer(body)):
+                    if _SURROGATE_ESCAPE.search(body) and any(m.group("lone") for m in _ESCAPES.finditer(body)):
                         await asyncio.to_thread(check_text, body)  # which field: parsed off the loop
             return msg
 
