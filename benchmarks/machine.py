@@ -41,6 +41,21 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, stolen) CPU seconds of the whole machine since boot, every core together, from
+    /proc/stat: busy is every state but idle and iowait (a container sees its host's counters, so
+    other tenants' work counts here); stolen is the hypervisor's steal column, time a virtual core
+    waited for a physical one. (0, 0) where /proc/stat is missing."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu "):
+                # user nice system idle iowait irq softirq steal (guest times are inside user)
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in line.split()[1:9])
+                return (user + nice + system + irq + softirq) / ticks, steal / ticks
+    return 0.0, 0.0
+
+
 def descendants_cpu_s(pid: int | None = None) -> float:
     """CPU seconds (user + system) used so far by the live processes below `pid` (default: this
     process): a peer server such as vLLM and its engine-core process. Read from /proc; 0 elsewhere."""

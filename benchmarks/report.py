@@ -193,7 +193,9 @@ def render_profile(results: dict[str, Any]) -> str:
     tokens generated, the peak of KV cache in use (cached prefixes included), the most sequences
     the engine was running at once (sampled every 50 ms), the CPU seconds the run took in the
     benchmark's process (clients, manager, builtin engines) and in a peer server's processes (vLLM),
-    and for runs on vLLM its own mean time per request (arrival to finish, from its /metrics)."""
+    what the rest of the machine took meanwhile (other processes or tenants, and the hypervisor's
+    steal: a neighbour's share of the two cores shows there), and for runs on vLLM its own mean
+    time per request (arrival to finish, from its /metrics)."""
     labels = {c["key"]: c["label"] for c in results["configs"]}
     head = [
         "workload",
@@ -207,6 +209,8 @@ def render_profile(results: dict[str, Any]) -> str:
         "peak running",
         "CPU here (s)",
         "peer CPU (s)",
+        "others' CPU (s)",
+        "steal (s)",
         "vLLM e2e (ms)",
     ]
     rows = [head, ["---"] * len(head)]
@@ -227,6 +231,8 @@ def render_profile(results: dict[str, Any]) -> str:
                 str(r.get("peak_running", MISSING)),
                 fmt(r.get("cpu_s"), 1),
                 fmt(r.get("peer_cpu_s"), 1),
+                fmt(r.get("others_cpu_s"), 1),
+                fmt(r.get("steal_s"), 1),
                 fmt(r.get("vllm_timings_ms", {}).get("e2e_ms"), 0),
             ]
         )

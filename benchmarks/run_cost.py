@@ -1,6 +1,8 @@
 """What one benchmark run cost the shared cores, beside its metric: CPU seconds in this process
 (clients, the manager, builtin engines) and in its child processes (a peer server: vLLM's API
-server and engine core), and for runs on real vLLM its own mean times per request (its /metrics)."""
+server and engine core), what the rest of the machine took meanwhile (other processes, other
+tenants of a shared host, and the hypervisor's steal: a run slowed by a neighbour shows it), and
+for runs on real vLLM its own mean times per request (its /metrics)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from benchmarks.machine import descendants_cpu_s
+from benchmarks.machine import descendants_cpu_s, machine_cpu_s
 from benchmarks.peers.vllm_server import mean_timings_ms, request_timings
 
 
@@ -16,18 +18,27 @@ class RunCost:
     def __init__(self, vllm_url: str | None) -> None:
         self.vllm_url = vllm_url
         self._cpu = (0.0, 0.0)
+        self._machine = (0.0, 0.0)
         self._timings: dict[str, tuple[float, float]] | None = None
 
     async def start(self) -> RunCost:
         if self.vllm_url:
             self._timings = await asyncio.to_thread(request_timings, self.vllm_url)
         self._cpu = (time.process_time(), descendants_cpu_s())
+        self._machine = machine_cpu_s()
         return self
 
     async def stop(self) -> dict[str, Any]:
+        own = time.process_time() - self._cpu[0]
+        peer = descendants_cpu_s() - self._cpu[1]
+        busy, stolen = machine_cpu_s()
         cost: dict[str, Any] = {
-            "cpu_s": time.process_time() - self._cpu[0],
-            "peer_cpu_s": descendants_cpu_s() - self._cpu[1],
+            "cpu_s": own,
+            "peer_cpu_s": peer,
+            # The machine's busy time less this run's own: /proc/stat counts in ticks (10 ms), so a
+            # quiet machine reads a few ticks either side of zero, kept at zero.
+            "others_cpu_s": max(0.0, busy - self._machine[0] - own - peer),
+            "steal_s": stolen - self._machine[1],
         }
         if self._timings is not None:  # vLLM's histograms observe each request once
             assert self.vllm_url is not None

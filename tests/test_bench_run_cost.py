@@ -3,11 +3,14 @@ its children, and real vLLM's own request timings read from its /metrics page.""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 
-from benchmarks.machine import descendants_cpu_s
+from benchmarks.machine import descendants_cpu_s, machine_cpu_s
 from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
+from benchmarks.run_cost import RunCost
 
 
 def test_child_processes_cpu_is_counted_apart_from_this_process() -> None:
@@ -54,3 +57,30 @@ def test_vllm_request_timings_are_read_from_its_metrics_page() -> None:
     after["vllm:e2e_request_latency_seconds"] = (7.0, 6.0)  # two more requests, 3 s in all
     after["vllm:inter_token_latency_seconds"] = (0.5, 10.0)  # nothing observed: no mean
     assert mean_timings_ms(before, after) == {"e2e_ms": 1500.0}
+
+
+def test_the_machine_s_busy_and_stolen_time_only_grow() -> None:
+    busy, stolen = machine_cpu_s()
+    assert busy > 0.0  # this process has run
+    t = time.process_time()
+    while time.process_time() - t < 0.2:  # busy here counts in the machine's busy time
+        pass
+    busy_after, stolen_after = machine_cpu_s()
+    assert busy_after - busy >= 0.15
+    assert stolen_after >= stolen
+
+
+def test_a_run_s_cost_names_what_others_took() -> None:
+    async def measure() -> dict[str, object]:
+        cost = await RunCost(None).start()
+        t = time.process_time()
+        while time.process_time() - t < 0.2:
+            pass
+        return await cost.stop()
+
+    cost = asyncio.run(measure())
+    assert set(cost) == {"cpu_s", "peer_cpu_s", "others_cpu_s", "steal_s"}
+    assert isinstance(cost["cpu_s"], float)
+    assert cost["cpu_s"] >= 0.2
+    assert isinstance(cost["others_cpu_s"], float)
+    assert cost["others_cpu_s"] >= 0.0
