@@ -35,6 +35,7 @@ from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.model.llama import StepInterrupted
 from parrot.engine.model.loader import load_model, resolve_model_folder
 from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
+from parrot.engine.openmp import passing_thread
 from parrot.engine.output import RowOutput, render
 from parrot.engine.runner import ModelRunner
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepEvents, StepPlan, deliver
@@ -57,6 +58,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class LLMEngine:
+    @passing_thread  # start-up's OpenMP workers end with it: the loop thread's team is the only one
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         if config.num_threads:

@@ -1,0 +1,77 @@
+"""How the engine's OpenMP workers wait between parallel ops (torch's CPU build runs them on libgomp).
+
+A decode step is ~150 parallel ops with a few microseconds of Python between them. Between two
+ops libgomp's worker spins before it sleeps on a futex, and waking a sleeping worker costs far
+more than the gap (on a virtual machine, a wake-up of an idle virtual CPU). libgomp spins 300,000
+iterations (a few ms) normally, but only 100 (about a microsecond) once the process has more
+OpenMP threads than CPUs, and every thread that ever ran a parallel op keeps its own team of
+workers while it lives: on two cores, the thread that loaded the model plus the engine's loop
+thread are already too many, so the worker slept between nearly every op of every step.
+
+Two remedies, measured on the serving path (README, "OpenMP workers"):
+1. `prefer_spinning()` (run when `parrot.engine` is imported, before torch loads libgomp): with
+   neither `OMP_WAIT_POLICY` nor `GOMP_SPINCOUNT` set, it sets `OMP_WAIT_POLICY=ACTIVE` with
+   `GOMP_SPINCOUNT=300000`. The spin count is libgomp's usual one, so an idle engine still stops
+   spinning after a few ms; what changes is the oversubscribed spin, 1,000 iterations instead of
+   100 (libgomp's own figure under ACTIVE; it never exceeds the spin count). A process where torch
+   is already loaded, or where either variable is set, is left as it is.
+2. `passing_thread`: `LLMEngine.__init__` (loading the model, allocating the KV cache) runs on a
+   thread that ends afterwards, so its team of workers goes with it and a serving process keeps
+   one team, the loop thread's (torch's thread count is process-wide).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import ParamSpec, TypeVar
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+SPIN_COUNT = "300000"  # libgomp's default when OMP_WAIT_POLICY is unset
+
+
+def prefer_spinning(
+    environ: MutableMapping[str, str] = os.environ, modules: Mapping[str, object] = sys.modules
+) -> bool:
+    """Set libgomp's wait policy for the engine if nobody chose one and torch is not loaded yet.
+    True when it set it."""
+    if "torch" in modules or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return False
+    environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return True
+
+
+def on_passing_thread(fn: Callable[[], T], name: str = "parrot-engine-setup") -> T:
+    """`fn()` on a new thread that ends when it returns (its OpenMP workers end with it); its result,
+    or its exception raised here."""
+    out: list[T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # re-raised on the caller's thread
+            err.append(e)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def passing_thread(fn: Callable[P, T]) -> Callable[P, T]:
+    """`fn`, run by `on_passing_thread` at each call."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return on_passing_thread(lambda: fn(*args, **kwargs))
+
+    return run

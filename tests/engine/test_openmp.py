@@ -1,0 +1,91 @@
+"""The engine's OpenMP workers (parrot/engine/openmp.py): the wait policy set before torch loads, and
+start-up's torch work on a thread that ends, so a serving process keeps one team of workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from parrot.engine.openmp import SPIN_COUNT, on_passing_thread, passing_thread, prefer_spinning
+
+
+def test_the_wait_policy_is_set_only_when_nobody_chose_one_and_torch_is_not_loaded() -> None:
+    env: dict[str, str] = {}
+    assert prefer_spinning(env, modules={})
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": SPIN_COUNT}
+    chosen = {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert not prefer_spinning(chosen, modules={})
+    assert chosen == {"OMP_WAIT_POLICY": "PASSIVE"}
+    counted = {"GOMP_SPINCOUNT": "1000"}
+    assert not prefer_spinning(counted, modules={})
+    assert counted == {"GOMP_SPINCOUNT": "1000"}
+    late: dict[str, str] = {}
+    assert not prefer_spinning(late, modules={"torch": object()})  # libgomp has read its variables
+    assert late == {}
+
+
+def test_importing_the_engine_sets_it_before_torch_loads() -> None:
+    code = "import os, parrot.engine, torch; print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ACTIVE", SPIN_COUNT]
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    code = "import os, parrot.engine; print(os.environ['OMP_WAIT_POLICY'], 'GOMP_SPINCOUNT' in os.environ)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["PASSIVE", "False"]
+
+
+def test_a_passing_thread_returns_the_result_and_raises_the_error_here() -> None:
+    names: list[str] = []
+
+    def work() -> int:
+        names.append(threading.current_thread().name)
+        return 7
+
+    assert on_passing_thread(work) == 7
+    assert names == ["parrot-engine-setup"]
+    assert all(t.name != "parrot-engine-setup" for t in threading.enumerate())  # it ended
+
+    def fail() -> int:
+        raise FileNotFoundError("no model here")
+
+    with pytest.raises(FileNotFoundError, match="no model here"):
+        on_passing_thread(fail)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc")
+def test_building_an_engine_leaves_no_openmp_workers_behind(default_model_folder: Path) -> None:
+    # A fresh process: in this one earlier tests already ran torch on the main thread. Loading a
+    # model on the main thread would leave a team of OpenMP workers there for the process's life.
+    code = (
+        "import os, time, torch\n"
+        "from parrot.engine.config import EngineConfig\n"
+        "from parrot.engine.llm_engine import LLMEngine\n"
+        "torch.set_num_threads(2)\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        f"engine = LLMEngine(EngineConfig(model={str(default_model_folder)!r}, num_threads=2, num_blocks=64))\n"
+        "deadline = time.monotonic() + 10\n"  # a passing thread's workers end soon after it
+        "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(before, len(os.listdir('/proc/self/task')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    before, after = (int(n) for n in out.stdout.split()[-2:])
+    assert after == before
+
+
+def test_a_method_on_a_passing_thread_sets_up_its_object() -> None:
+    class Built:
+        @passing_thread
+        def __init__(self, n: int) -> None:
+            self.n = n
+            self.thread = threading.current_thread().name
+
+    built = Built(3)
+    assert built.n == 3
+    assert built.thread == "parrot-engine-setup"
