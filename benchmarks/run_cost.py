@@ -2,7 +2,9 @@
 (clients, the manager, builtin engines) and in its child processes (a peer server: vLLM's API
 server and engine core), what the rest of the machine took meanwhile (other processes, other
 tenants of a shared host, and the hypervisor's steal: a run slowed by a neighbour shows it), and
-for runs on real vLLM its own mean times per request (its /metrics)."""
+for runs on real vLLM its own mean times per request (its /metrics). The peer's CPU is that of the
+child processes alive at both ends of the run (a long-lived server's): a child that exits during the
+run, and the kernel's softirq time on the run's own loopback traffic, count as others'."""
 
 from __future__ import annotations
 

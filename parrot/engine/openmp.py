@@ -17,7 +17,7 @@ Two remedies, measured on the serving path (README, "OpenMP workers"):
    is already loaded, or where either variable is set, is left as it is.
 2. `passing_thread`: `LLMEngine.__init__` (loading the model, allocating the KV cache) runs on a
    thread that ends afterwards, so its team of workers goes with it and a serving process keeps
-   one team, the loop thread's (torch's thread count is process-wide).
+   one team, the loop thread's (the thread count it set is carried back to the caller's thread).
 """
 
 from __future__ import annotations
@@ -49,19 +49,27 @@ def prefer_spinning(
 
 def on_passing_thread(fn: Callable[[], T], name: str = "parrot-engine-setup") -> T:
     """`fn()` on a new thread that ends when it returns (its OpenMP workers end with it); its result,
-    or its exception raised here."""
+    or its exception raised here. torch's intra-op thread count as `fn` left it holds on the caller's
+    thread too (libgomp keeps that count per thread: a caller that ran torch ops before would keep
+    its own). A daemon thread: a Ctrl-C on the caller does not wait for a model load to finish."""
     out: list[T] = []
     err: list[BaseException] = []
+    threads: list[int] = []
 
     def run() -> None:
         try:
             out.append(fn())
         except BaseException as e:  # re-raised on the caller's thread
             err.append(e)
+        finally:
+            if "torch" in sys.modules:
+                threads.append(sys.modules["torch"].get_num_threads())
 
-    thread = threading.Thread(target=run, name=name)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join()
+    if threads and threads[0] != sys.modules["torch"].get_num_threads():
+        sys.modules["torch"].set_num_threads(threads[0])  # sets the count; starts no workers
     if err:
         raise err[0]
     return out[0]

@@ -89,3 +89,24 @@ def test_a_method_on_a_passing_thread_sets_up_its_object() -> None:
     built = Built(3)
     assert built.n == 3
     assert built.thread == "parrot-engine-setup"
+
+
+def test_the_thread_count_set_on_a_passing_thread_holds_on_the_caller_s_thread() -> None:
+    # The caller has run a parallel op with 2 threads (libgomp keeps that count per thread);
+    # a count set during start-up on the passing thread must reach it anyway.
+    code = (
+        "import torch\nfrom parrot.engine.openmp import on_passing_thread\n"
+        "torch.set_num_threads(2); torch.ones(512, 512) @ torch.ones(512, 512)\n"
+        "on_passing_thread(lambda: torch.set_num_threads(1))\nprint(torch.get_num_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["1"]
+
+
+def test_benchmark_processes_set_the_wait_policy_before_torch_loads() -> None:
+    # benchmarks.engine_bench imports torch at its top; the package's own import comes first.
+    code = "import os, benchmarks.engine_bench; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ACTIVE"]
