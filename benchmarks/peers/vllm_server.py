@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from benchmarks.peers import WARM_UP_TOKENS, decode_seed, prefill_rates, prefill_seed, random_prompts
-from parrot.engine.openmp import SPIN_COUNT
+from parrot.engine.openmp import WAIT_POLICY
 
 # Healthy after ~2 minutes on an idle machine (most of it torch.compile warm-up, cached under
 # ~/.cache/vllm for later starts); twice that when other work shares the 2 cores.
@@ -51,8 +51,7 @@ SERVER_ENV = {
     "DO_NOT_TRACK": "1",
     # The OpenMP wait policy Parrot's engine runs with (parrot/engine/openmp.py), set here whatever
     # this process imported first: both engines' workers wait between ops the same way.
-    "OMP_WAIT_POLICY": "ACTIVE",
-    "GOMP_SPINCOUNT": SPIN_COUNT,
+    **WAIT_POLICY,
 }
 
 

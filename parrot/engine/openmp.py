@@ -33,6 +33,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 SPIN_COUNT = "300000"  # libgomp's default when OMP_WAIT_POLICY is unset
+WAIT_POLICY = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": SPIN_COUNT}  # what prefer_spinning sets
 
 
 def prefer_spinning(
@@ -42,8 +43,7 @@ def prefer_spinning(
     True when it set it."""
     if "torch" in modules or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return False
-    environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    environ.update(WAIT_POLICY)
     return True
 
 
