@@ -2,7 +2,7 @@
 interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
 and sampling), one without.
 
-    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused]
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused | --attention-ab] [--prompt-len N]
 
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
@@ -10,6 +10,11 @@ prompt of N tokens to its first token (fill + generate submitted together, the l
 running). Each case runs `--rounds` rounds (3); each round times both engines, in alternating
 order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
 machine the best is luck). Only the engine being timed works; the other waits idle.
+
+--attention: one engine, its decode attention by turns on the native kernels (the backend the
+engine built) and on torch (the same backend class built with native=False, over the same KV
+cache): what the native decode kernels save in a whole step, the rest of the step alike. With
+--prompt-len, decode steps attend over longer contexts (a decode case's prompts; default 32).
 
 --fused: one engine on the native kernels, by turns running each decoder layer in one native call
 (kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
@@ -46,7 +51,7 @@ class StepTimer:
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(100, 40000) for _ in range(n)]
 
-    def decode_ms(self, batch: int, steps: int = 12, prompt_len: int = 32) -> float:
+    def decode_ms(self, batch: int, prompt_len: int = 32, steps: int = 12) -> float:
         """Mean step time with `batch` sequences decoding (the loop thread stopped, steps run here)."""
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
@@ -87,6 +92,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
+    ap.add_argument("--attention-ab", action="store_true", help="native decode attention vs torch, one engine")
+    ap.add_argument("--prompt-len", type=int, default=32, help="decode cases: each sequence's prompt tokens")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
     ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="float32: the block kernels against torch")
@@ -103,18 +110,29 @@ def main() -> None:
         config = dataclasses.replace(config, batch_invariant=False)
     if a.attention:
         config = dataclasses.replace(config, attention=a.attention)
-    if a.fused:  # one engine, its layers fused or not by turns: the same memory, KV and weights for both
+    backends = {}
+    if a.fused or a.attention_ab:  # one engine, two paths by turns: the same memory, KV and weights for both
         engine = LLMEngine(config)
         engines = {True: engine}
         timers = {on: StepTimer(engine, seed=int(on)) for on in (True, False)}  # (no prefix cache hits)
+        if a.attention_ab:
+            native = engine.runner.backend
+            mc = engine.model.cfg
+            torch_path = type(native)(engine.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, False)
+            assert native.native and not torch_path.native, "no native decode attention for this cache"
+            backends = {True: native, False: torch_path}
     else:
         engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
         timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
     status = engines[True].stats().native_kernels
     assert not status.startswith("unavailable"), status
-    names = ("fused", "per-op") if a.fused else ("kernels", "torch")
+    names = (
+        ("fused", "per-op") if a.fused else ("native attention", "torch") if a.attention_ab else ("kernels", "torch")
+    )
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
+    if a.attention_ab:
+        what = f"{type(backends[True]).__name__} decode attention, native vs torch"
     print(f"{DEFAULT_MODEL} {dtype}, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({status})")
     for engine in engines.values():
         engine.start()
@@ -127,9 +145,13 @@ def main() -> None:
                     timer = timers[native]
                     if a.fused:
                         kernels.set_fused(timer.engine.model, native)
-                    times[native].append(timer.decode_ms(n) if kind == "d" else timer.prefill_ms(n))
+                    if backends:
+                        timer.engine.runner.backend = backends[native]
+                    times[native].append(timer.decode_ms(n, a.prompt_len) if kind == "d" else timer.prefill_ms(n))
             best = {native: min(ms) for native, ms in times.items()}
-            label = f"decode step, batch {n}" if kind == "d" else f"prompt of {n} tokens to first token"
+            label = (
+                f"decode step, batch {n} x {a.prompt_len}" if kind == "d" else f"prompt of {n} tokens to first token"
+            )
             ratio = best[False] / best[True]
             line = f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x"
             if a.rounds > 3:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from parrot.engine.attention.registry import make_backend
 from parrot.engine.config import EngineConfig
 from parrot.engine.constraints import Grammars
 from parrot.engine.generation import append_token, begin_generation, end_generations
@@ -79,7 +78,7 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks)
         self.contexts = ContextTable(self.pool, config.block_size)  # the engine's contexts and KV blocks
         self.scheduler = Scheduler(config, self.contexts, self.max_model_len)
-        backend = make_backend(setup.attention, self.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, native)
+        backend = setup.backend(self.cache, mc)
         self.runner = ModelRunner(self.model, self.cache, backend, self.contexts, native, self.batch_invariant)
         # Each step's events in one call (loop thread, no lock); AsyncEngine's wakes each caller loop once.
         self.hand_off: Callable[[StepEvents], None] = deliver

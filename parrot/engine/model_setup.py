@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from parrot.engine import kernels
+from parrot.engine.attention.base import PagedAttention
+from parrot.engine.attention.registry import make_backend
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.model.config import ModelConfig
@@ -22,9 +24,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ModelSetup:
     native: bool  # the native kernels run the model (the backend and sampler use them too)
+    native_attention: bool  # the attention backend attends on native kernels where they take its cache
     native_kernels: str  # what EngineStats.native_kernels reports
     batch_invariant: bool
     attention: str  # the attention backend's registry name
+
+    def backend(self, cache: KVCache, mc: ModelConfig) -> PagedAttention:
+        """The attention backend over `cache` this setup names, native where it attends natively."""
+        return make_backend(self.attention, cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, self.native_attention)
 
 
 def set_up_model(model: LlamaModel, config: EngineConfig, dtype: torch.dtype) -> ModelSetup:
@@ -37,7 +44,9 @@ def set_up_model(model: LlamaModel, config: EngineConfig, dtype: torch.dtype) ->
         kernels.apply_batch_invariant(model)
         log.info("batch-invariant mode: row-invariant linears, rowwise attention (not %r)", config.attention)
     attention = "rowwise" if batch_invariant else config.attention
-    return ModelSetup(native, status, batch_invariant, attention)
+    # A float32 cache decodes on the AVX2 kernels (block_kernels.c) whatever ran the linears.
+    native_attention = native or (dtype == torch.float32 and config.cpu_kernels)
+    return ModelSetup(native, native_attention, status, batch_invariant, attention)
 
 
 def _apply_native_kernels(model: LlamaModel, config: EngineConfig) -> tuple[bool, str]:

@@ -24,13 +24,20 @@ from parrot.engine.attention.shared_prefix import (
     plan_shared_prefixes,
 )
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
+from parrot.engine.kernels.library import blocks_library
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 
 HQ, HKV, D = 9, 3, 64  # the default model's attention shape
 NATIVE = kernels.available()  # what a backend built with native=True decodes on, for bf16 caches
+NATIVE_F32 = blocks_library() is not None  # ... and for float32 caches (the AVX2 kernels)
 needs_native = pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX512-BF16 CPU")
+# The native decode kernels, by the cache's dtype.
+NATIVE_DTYPES = [
+    pytest.param(torch.bfloat16, id="bf16", marks=needs_native),
+    pytest.param(torch.float32, id="fp32", marks=pytest.mark.skipif(not NATIVE_F32, reason="needs gcc and AVX2")),
+]
 TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.bfloat16: {"atol": 4e-3, "rtol": 1.6e-2}}
 
 # A batch spec: members are an int (a decode row: a context of that many own tokens, its newest
@@ -138,13 +145,13 @@ def test_shared_equals_per_context(case: str, block_size: int, dtype: torch.dtyp
         assert len(shared.cascade.tails) > 1
 
 
-@needs_native
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("case", ["one_group_of_64", "nested_several_groups", "long_suffixes"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int) -> None:
+def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int, dtype: torch.dtype) -> None:
     """The native cascade against the per-context path (itself native), nested groups included."""
-    shared = check_decode(small_specs(seed)[case], block_size, torch.bfloat16, seed, GroupingConfig(), native=True)
+    shared = check_decode(small_specs(seed)[case], block_size, dtype, seed, GroupingConfig(), native=True)
     assert shared.plan is not None and shared.pieces is not None and shared.cascade is None
     pieces = shared.pieces
     # Every row reads its tail plus each segment it is in, split in runs of <= 256 tokens.
@@ -155,13 +162,13 @@ def test_native_cascade_equals_per_context(case: str, block_size: int, seed: int
         assert int(pieces.slot_ptr[row + 1] - pieces.slot_ptr[row]) == expected
 
 
-@needs_native
-def test_native_cascade_matches_an_fp64_reference() -> None:
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_native_cascade_matches_an_fp64_reference(dtype: torch.dtype) -> None:
     """Shared prefix + tails through the native kernel vs attention in float64 over the same KV."""
     rng = torch.Generator().manual_seed(5)
     bs, hq, hkv, d, shared_blocks = 16, 9, 3, 64, 37
-    kc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).bfloat16()
-    vc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).bfloat16()
+    kc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).to(dtype)
+    vc = torch.randn(shared_blocks + 40, bs, hkv, d, generator=rng).to(dtype)
     tails = [1, 5, 16, 17, 100]
     pieces_in = [([0, 1, 2, 3, 4], list(range(shared_blocks)), shared_blocks * bs)]
     first = shared_blocks
@@ -171,30 +178,30 @@ def test_native_cascade_matches_an_fp64_reference() -> None:
         first += len(blocks)
         pieces_in.append(([row], blocks, n))
         tables.append((list(range(shared_blocks)) + blocks, shared_blocks * bs + n))
-    q = torch.randn(len(tails), hq, d, generator=rng).bfloat16()
+    q = torch.randn(len(tails), hq, d, generator=rng).to(dtype)
     out = kernels.cascade_decode(q, kc, vc, kernels.CascadePieces.build(pieces_in, len(tails)), d**-0.5)
     for row, (blocks, n) in enumerate(tables):
         keys = kc[blocks].flatten(0, 1)[:n].double().repeat_interleave(hq // hkv, dim=1)  # [n, Hq, D]
         vals = vc[blocks].flatten(0, 1)[:n].double().repeat_interleave(hq // hkv, dim=1)
         probs = torch.softmax(torch.einsum("hd,nhd->hn", q[row].double(), keys) * d**-0.5, dim=-1)
         ref = torch.einsum("hn,nhd->hd", probs, vals).reshape(-1)
-        torch.testing.assert_close(out[row].double(), ref, atol=4e-3, rtol=1.6e-2)
+        torch.testing.assert_close(out[row].double(), ref, **TOL[dtype])
 
 
-@needs_native
-def test_native_cascade_propagates_nan_and_checks_its_pieces() -> None:
-    kc = torch.randn(4, 16, 3, 64).bfloat16()
-    vc = torch.randn(4, 16, 3, 64).bfloat16()
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_native_cascade_propagates_nan_and_checks_its_pieces(dtype: torch.dtype) -> None:
+    kc = torch.randn(4, 16, 3, 64).to(dtype)
+    vc = torch.randn(4, 16, 3, 64).to(dtype)
     kc[1, 3, 0, 0] = float("nan")  # in the shared piece, KV head 0
     pieces = kernels.CascadePieces.build([([0, 1], [0, 1], 32), ([0], [2], 1), ([1], [3], 4)], 2)
-    out = kernels.cascade_decode(torch.randn(2, 9, 64).bfloat16(), kc, vc, pieces, 0.125).view(2, 9, 64)
+    out = kernels.cascade_decode(torch.randn(2, 9, 64).to(dtype), kc, vc, pieces, 0.125).view(2, 9, 64)
     assert bool(out[:, :3].isnan().all()) and not bool(out[:, 3:].isnan().any())
     with pytest.raises(ValueError, match="every row needs a piece"):
         kernels.CascadePieces.build([([0], [0], 16)], 2)
     with pytest.raises(ValueError, match="at least one token"):
         kernels.CascadePieces.build([([0], [0], 0)], 1)
     with pytest.raises(ValueError, match="pieces are for 2 rows"):
-        kernels.cascade_decode(torch.randn(3, 9, 64).bfloat16(), kc, vc, pieces, 0.125)
+        kernels.cascade_decode(torch.randn(3, 9, 64).to(dtype), kc, vc, pieces, 0.125)
 
 
 @pytest.mark.parametrize(("block_size", "dtype"), [(16, torch.float32), (16, torch.bfloat16), (1, torch.float32)])
@@ -332,8 +339,8 @@ def test_registered_by_name_and_device() -> None:
 
 @pytest.mark.parametrize("built_native", [True, False])
 def test_small_groups_decode_per_context_when_the_native_kernel_is_on(built_native: bool) -> None:
-    """With the native kernels, the (native) cascade needs 4+ rows sharing 512+ tokens; the torch
-    path keeps the lower thresholds; an explicit grouping is always kept."""
+    """With the native kernels (bf16 or float32), the (native) cascade needs 4+ rows sharing 512+
+    tokens; the torch path keeps the lower thresholds; an explicit grouping is always kept."""
     from parrot.engine.attention.shared_prefix_backend import NATIVE_GROUPING
 
     def backend_for(dtype: torch.dtype, rows: int, shared_blocks: int, grouping: GroupingConfig | None = None):  # type: ignore[no-untyped-def]
@@ -346,7 +353,8 @@ def test_small_groups_decode_per_context_when_the_native_kernel_is_on(built_nati
     native = built_native and NATIVE
     small = backend_for(torch.bfloat16, 2, 20)  # 2 rows x 320 shared tokens
     assert (small.plan is None) == native
-    assert backend_for(torch.float32, 2, 20).plan is not None  # torch path: groups of 2 pay
+    f32 = backend_for(torch.float32, 2, 20)
+    assert (f32.plan is None) == (built_native and NATIVE_F32)  # torch path: groups of 2 pay
     assert (backend_for(torch.bfloat16, 3, 64).plan is None) == native  # 3 rows x 1,024 tokens
     four = backend_for(torch.bfloat16, 4, 32)  # 4 rows x 512 tokens: a cascade either way
     assert four.plan is not None and (four.pieces is not None) == native and (four.cascade is None) == native

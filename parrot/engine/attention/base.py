@@ -8,10 +8,11 @@ and returns the attention output for every row.
 `PagedAttention` is the per-context reference path: every sequence reads all of its own KV.
 Subclasses change how decode rows are attended (e.g. shared-prefix attention) and keep the rest.
 A backend built with `native=True` (the engine passes `EngineConfig.cpu_kernels`) attends on the
-native CPU kernels where they take its cache (bf16 on the CPU, a supported head shape, the
-library built): decode rows on `kernels.paged_decode`, each prefill chunk on the causal
-`kernels.paged_prefill` (2.4-3.7x torch's SDPA at 128-2,048 tokens on an AVX512-BF16 CPU), both
-reading the cache in place; that choice is made once, at construction.
+native CPU kernels where they take its cache (on the CPU, a supported head shape, the library
+built), reading the cache in place: decode rows on `kernels.paged_decode` (a bf16 cache on the
+AVX512-BF16 kernels, a float32 one on the AVX2 kernels: `native`), each prefill chunk on the
+causal `kernels.paged_prefill` (bf16 only, 2.4-3.7x torch's SDPA at 128-2,048 tokens on an
+AVX512-BF16 CPU: `native_prefill`); those choices are made once, at construction.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class PagedAttention:
         self.prefills: list[PrefillMeta] = []
         self.rows: kernels.NativeRows | None = None  # the step as data for fused layers (native_rows)
         # Decode rows run on kernels.paged_decode, prefill chunks on kernels.paged_prefill (fixed for
-        # the backend's life).
+        # the backend's life; a float32 cache decodes natively and prefills on torch).
         self.native = native and kernels.paged_decode_on(cache.k, num_heads, num_kv_heads, head_dim)
+        self.native_prefill = native and kernels.paged_prefill_on(cache.k, num_heads, num_kv_heads, head_dim)
+        self.decode_pieces: kernels.CascadePieces | None = None  # float32 native decode's step rows
 
     # ---- per step -------------------------------------------------------------------------
     def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
@@ -76,7 +79,7 @@ class PagedAttention:
             num_blocks = -(-s.seq_len // bs)
             past = s.seq_len - s.num_new
             mask = None
-            if past and not self.native:
+            if past and not self.native_prefill:
                 # A [1, 1, T, S] mask broadcast over heads keeps SDPA on its fast (flash) path.
                 mask = (torch.arange(s.seq_len)[None, :] <= torch.arange(s.num_new)[:, None] + past)[None, None]
             ids = torch.tensor(s.block_table[:num_blocks], dtype=torch.long)
@@ -84,7 +87,7 @@ class PagedAttention:
             row += s.num_new
         self.rows = None
         per_context = type(self).forward is PagedAttention.forward and type(self).decode is PagedAttention.decode
-        if self.native and per_context and num_decode == len(seqs) and num_decode:
+        if self.native_prefill and per_context and num_decode == len(seqs) and num_decode:
             k, v = self.cache.k, self.cache.v
             self.rows = kernels.NativeRows(k, v, slot_mapping, self.decode_tables, self.decode_lens, self.scale)
 
@@ -95,6 +98,7 @@ class PagedAttention:
         return self.rows
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
+        self.decode_pieces = None
         if not seqs:
             return
         bs = self.cache.block_size
@@ -103,8 +107,10 @@ class PagedAttention:
         lens = torch.tensor([s.seq_len for s in seqs])
         self.decode_tables = tables  # [B, max_blocks]
         self.decode_lens = lens
-        if self.native:
-            return  # the native kernel reads the cache in place: no masks, no gather buffers
+        if self.native:  # the native kernel reads the cache in place: no masks, no gather buffers
+            if self.cache.k.dtype == torch.float32:  # its rows as pieces, once for every layer
+                self.decode_pieces = kernels.CascadePieces.per_context(tables, lens)
+            return
         # [B, 1, 1, max_blocks * bs]: True where the slot holds this sequence's KV.
         self.decode_mask = (torch.arange(max_blocks * bs)[None, :] < lens[:, None])[:, None, None, :]
         # An additive mask keeps SDPA on its fused path; gather buffers are reused by every layer.
@@ -132,6 +138,8 @@ class PagedAttention:
 
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D] -> [B, Hq * D]; each row attends to its whole own KV."""
+        if self.decode_pieces is not None:
+            return kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.decode_pieces, self.scale)
         if self.native:
             return kernels.paged_decode(
                 q, self.cache.k[layer], self.cache.v[layer], self.decode_tables, self.decode_lens, self.scale
@@ -149,7 +157,7 @@ class PagedAttention:
 
     def prefill(self, layer: int, p: PrefillMeta, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One chunk of T new tokens after S-T cached ones: q [T, Hq, D] -> [T, Hq * D]."""
-        if self.native:  # reads the chunk's K/V, written by `forward`, from the cache
+        if self.native_prefill:  # reads the chunk's K/V, written by `forward`, from the cache
             k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
             return kernels.paged_prefill(q, k_cache, v_cache, p.block_ids, p.seq_len, self.scale)
         if p.mask is None:

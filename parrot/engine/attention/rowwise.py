@@ -12,9 +12,9 @@ shared prefix ends (which depends on the other rows) and merges the parts by log
 Native: the leading one-token rows (decodes) on `kernels.paged_decode`, each prefill chunk on
 `kernels.paged_prefill`; both run the same per-row arithmetic (keys in 64-token tiles from
 position 0, an online softmax), so which kernel a row takes is a speed choice, not a numeric one
-(the chunk kernel reads each tile once for all its rows). Torch fallback (no native kernels or a
-float32 cache): SDPA one row at a time over exactly its own keys (slow, but the same shape for the
-same length).
+(the chunk kernel reads each tile once for all its rows). Torch fallback (no native kernels, or a
+float32 cache: its native decode has no prefill kernel of the same arithmetic): SDPA one row at a
+time over exactly its own keys (slow, but the same shape for the same length).
 Ownership: the step's row tables, lengths and chunks are built in `prepare`, valid for that step.
 """
 
@@ -62,7 +62,9 @@ class RowwiseAttention(PagedAttention):
         self.chunks = torch.tensor(chunks, dtype=torch.long).reshape(-1, 3)
         k, v = self.cache.k, self.cache.v  # fused layers may take any step natively
         self.rows = (
-            kernels.NativeRows(k, v, slot_mapping, tables, lens, self.scale, self.chunks) if self.native else None
+            kernels.NativeRows(k, v, slot_mapping, tables, lens, self.scale, self.chunks)
+            if self.native_prefill
+            else None
         )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -70,7 +72,7 @@ class RowwiseAttention(PagedAttention):
         self.cache.write(layer, self.slot_mapping, k, v)
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
         out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
-        if self.native:
+        if self.native_prefill:  # bf16: decode and prefill rows on the kernels' one arithmetic
             nd = self.num_decode
             if nd:
                 out[:nd] = kernels.paged_decode(

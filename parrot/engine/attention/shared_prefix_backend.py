@@ -68,7 +68,7 @@ class SharedPrefixAttention(PagedAttention):
         return NATIVE_GROUPING if self.native else GroupingConfig()
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
-        self.plan = self.cascade = self.pieces = None
+        self.plan = self.cascade = self.pieces = self.decode_pieces = None
         grouping = self.step_grouping()
         if len(seqs) >= grouping.min_group_size:
             plan = plan_shared_prefixes(

@@ -30,6 +30,7 @@ from parrot.engine.kernels.decode import (
     paged_decode_on,
     paged_decode_supported,
     paged_prefill,
+    paged_prefill_on,
 )
 from parrot.engine.kernels.fused import FusedDecoderLayer, NativeRows, set_fused
 from parrot.engine.kernels.invariant import apply_batch_invariant
@@ -79,6 +80,7 @@ __all__ = [
     "paged_decode_on",
     "paged_decode_supported",
     "paged_prefill",
+    "paged_prefill_on",
     "rms_norm",
     "rope",
     "rowwise_linear",

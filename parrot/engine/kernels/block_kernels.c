@@ -17,7 +17,9 @@
  * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp -mavx2 -mfma).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define QK 32      /* weights per block */
 
@@ -207,4 +209,204 @@ void parrot_linear_q4_1(const float* x, int64_t ldx, const uint8_t* qs, const fl
 void parrot_linear_q8_0(const float* x, int64_t ldx, const int8_t* qs, const float* scales, const float* bias,
                         float* y, int64_t M, int64_t N, int64_t K, int threads) {
     LINEAR_BODY(rebuild_q8_0, direct_q8_0, int8_t, 32, 1)
+}
+
+/* ---- Decode attention over a float32 paged KV cache ------------------------------------------
+ * One kernel for both decode paths of the float32 engine: per context (each row's whole KV is one
+ * piece) and the shared-prefix cascade (each shared prefix one piece read once for all the rows
+ * sharing it, then each row's tail). K and V are read in place through block ids: no gather copy,
+ * no padded mask. A work item is one piece and one KV head: for every tile of FT keys, the tile is
+ * read from memory once and every query of the piece (its rows' G heads) takes its scores, an
+ * online-softmax update (running max m and sum l, fp32) and the weighted V while the tile is in
+ * cache; it leaves each query's partial (m, l, unnormalized output) in its slot. A second pass
+ * merges each row's partials by log-sum-exp (one slot: out = o / l). A query's arithmetic depends
+ * only on its keys and the piece's tile grid, never on the other rows: per-context decode gives a
+ * row the same bits in any batch. A NaN score makes the row NaN, as in SDPA. */
+#define FT 32 /* keys per tile */
+#define F_MAX_HEAD_DIM 256
+
+static inline __m256 exp256(__m256 x) { /* e^x, ~1 ulp (Cephes polynomial); exactly 0 below -87.3 */
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ); /* NaN compares false: it stays NaN */
+    x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x)); /* NaN kept (2nd operand) */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Eight horizontal sums at once: lane j holds the sum of a[j]. */
+static inline __m256 reduce8(const __m256 a[8]) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* One query against the tile's n keys (krow padded to a multiple of 8 with valid rows): its scaled
+ * scores in s[0:n], keys past n at -inf; returns their max (NaN scores do not count). */
+static inline __attribute__((always_inline)) float tile_scores(const float* qr, const float* const* krow, int64_t n,
+                                                               float scale, float* s, const int64_t D) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < D; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(qr + c);
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krow[i0 + j] + c), acc[j]);
+        }
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i0)), lane));
+        const __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), live);
+        _mm256_storeu_ps(s + i0, sv);
+        vmax = _mm256_max_ps(sv, vmax); /* NaN in sv: vmax (the second operand) */
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* One query's online-softmax step over a tile: m, l and o[0:D] updated in place. */
+static inline __attribute__((always_inline)) void tile_update(const float* qr, const float* const* krow,
+                                                              const float* const* vrow, int64_t n, float scale,
+                                                              float* m, float* l, float* o, const int64_t D) {
+    _Alignas(32) float s[FT];
+    const float mt = tile_scores(qr, krow, n, scale, s, D);
+    const float mn = mt > *m ? mt : *m;
+    const float alpha = mn == -INFINITY ? 1.0f : expf(*m - mn);
+    const __m256 vm = _mm256_set1_ps(mn);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i0 = 0; i0 < n; i0 += 8) { /* lanes past n: e^(-inf) = 0 */
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i0), vm));
+        _mm256_storeu_ps(s + i0, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *l = *l * alpha + hsum8(sum);
+    *m = mn;
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int64_t c0 = 0; c0 < D; c0 += 64) { /* 8 accumulators: 64 dims at a time */
+        const int64_t cw = D - c0 < 64 ? D - c0 : 64;
+        __m256 acc[8];
+        for (int64_t k = 0; k < cw / 8; k++) acc[k] = _mm256_mul_ps(_mm256_loadu_ps(o + c0 + 8 * k), va);
+        for (int64_t i = 0; i < n; i++) {
+            const __m256 w = _mm256_set1_ps(s[i]);
+            for (int64_t k = 0; k < cw / 8; k++) acc[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vrow[i] + c0 + 8 * k), acc[k]);
+        }
+        for (int64_t k = 0; k < cw / 8; k++) _mm256_storeu_ps(o + c0 + 8 * k, acc[k]);
+    }
+}
+
+/* Piece work item: L tokens through `blocks`, read by R rows (`rows`), KV head h; slot r * Hq + hq
+ * of pm / pl / pacc (pacc: D floats a slot) holds row r's partial for query head hq. */
+static inline __attribute__((always_inline)) void piece_f32(const float* q, int64_t q_stride, const float* kc,
+                                                            const float* vc, const int64_t* blocks, int64_t L,
+                                                            const int64_t* rows, int64_t R, float* pm, float* pl,
+                                                            float* pacc, int64_t h, int64_t Hkv, int64_t bs,
+                                                            float scale, const int64_t G, const int64_t D) {
+    const int64_t Hq = Hkv * G, row = Hkv * D;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t slot = r * Hq + h * G + g;
+            pm[slot] = -INFINITY, pl[slot] = 0.0f;
+            for (int64_t c = 0; c < D; c++) pacc[slot * D + c] = 0.0f;
+        }
+    /* Each tile's rows are found (and prefetched into L2) one tile ahead: the queries of this tile
+     * then read K and V from cache, not memory. */
+    int64_t blk = 0, off = 0, cur = 0;
+    int64_t at[2][FT];
+    const int64_t first_n = L < FT ? L : FT;
+    for (int64_t i = 0; i < first_n; i++) {
+        at[0][i] = (blocks[blk] * bs + off) * row + h * D;
+        if (++off == bs) off = 0, ++blk;
+    }
+    for (int64_t t0 = 0; t0 < L; t0 += FT) {
+        const int64_t n = L - t0 < FT ? L - t0 : FT, after = L - t0 - n < FT ? L - t0 - n : FT;
+        for (int64_t i = 0; i < after; i++) {
+            const int64_t a = (blocks[blk] * bs + off) * row + h * D;
+            at[cur ^ 1][i] = a;
+            if (++off == bs) off = 0, ++blk;
+            for (int64_t c = 0; c < D; c += 16) {
+                _mm_prefetch((const char*)(kc + a + c), _MM_HINT_T1);
+                _mm_prefetch((const char*)(vc + a + c), _MM_HINT_T1);
+            }
+        }
+        const float *krow[FT], *vrow[FT];
+        for (int64_t i = 0; i < n; i++) krow[i] = kc + at[cur][i], vrow[i] = vc + at[cur][i];
+        cur ^= 1;
+        for (int64_t i = n; i < (n + 7) / 8 * 8; i++) krow[i] = krow[0]; /* read, then masked */
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t slot = r * Hq + h * G + g;
+                const float* qr = q + rows[r] * q_stride + (h * G + g) * D;
+                tile_update(qr, krow, vrow, n, scale, pm + slot, pl + slot, pacc + slot * D, D);
+            }
+    }
+}
+
+/* The same pieces, rows and slots as parrot_cascade_decode (cpu_kernels.c), over float32 q [B, Hq, D]
+ * (rows q_stride apart), caches [blocks, bs, Hkv, D] and out [B, Hq * D]. D % 8 == 0, D <= 256.
+ * Returns 0, or the work items when the partials could not be allocated (the caller raises). */
+int64_t parrot_cascade_decode_f32(const float* q, int64_t q_stride, const float* kc, const float* vc, int64_t P,
+                                  const int64_t* block_ptr, const int64_t* piece_blocks, const int64_t* piece_len,
+                                  const int64_t* row_ptr, const int64_t* piece_rows, const int64_t* slot_ptr,
+                                  const int64_t* row_slots, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                                  int64_t bs, float scale, int num_threads) {
+    const int64_t G = Hq / Hkv, S = row_ptr[P];
+    float* pm = malloc((size_t)(S * Hq * 4));
+    float* pl = malloc((size_t)(S * Hq * 4));
+    float* pacc = malloc((size_t)(S * Hq * D * 4));
+    if (pm == NULL || pl == NULL || pacc == NULL) {
+        free(pm), free(pl), free(pacc);
+        return P * Hkv;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < P * Hkv; task++) {
+            const int64_t p = task / Hkv, h = task % Hkv, first = row_ptr[p];
+#define PIECE_F32(GG, DD)                                                                                    \
+    piece_f32(q, q_stride, kc, vc, piece_blocks + block_ptr[p], piece_len[p], piece_rows + first,            \
+              row_ptr[p + 1] - first, pm + first * Hq, pl + first * Hq, pacc + first * Hq * D, h, Hkv, bs, scale, \
+              GG, DD)
+            if (G == 3 && D == 64) PIECE_F32(3, 64);
+            else if (G == 1 && D == 64) PIECE_F32(1, 64);
+            else if (D == 128) PIECE_F32(G, 128);
+            else PIECE_F32(G, D);
+#undef PIECE_F32
+        }
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * Hq; bh++) { /* merge each row's partials, per query head */
+            const int64_t b = bh / Hq, hq = bh % Hq;
+            float m = -INFINITY;
+            for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
+                const float ms = pm[row_slots[k] * Hq + hq];
+                if (ms > m) m = ms;
+            }
+            __m256 acc[F_MAX_HEAD_DIM / 8];
+            for (int64_t c = 0; c < D / 8; c++) acc[c] = _mm256_setzero_ps();
+            float l = 0.0f;
+            for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
+                const int64_t slot = row_slots[k] * Hq + hq;
+                const float w = pm[slot] == -INFINITY ? 0.0f : expf(pm[slot] - m); /* NaN l: NaN row */
+                l += w * pl[slot];
+                for (int64_t c = 0; c < D / 8; c++)
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(pacc + slot * D + c * 8), acc[c]);
+            }
+            float* o = out + b * Hq * D + hq * D;
+            const __m256 inv = _mm256_set1_ps(1.0f / l);
+            for (int64_t c = 0; c < D / 8; c++) _mm256_storeu_ps(o + c * 8, _mm256_mul_ps(acc[c], inv));
+        }
+    }
+    free(pm), free(pl), free(pacc);
+    return 0;
 }

@@ -5,9 +5,11 @@
 the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp;
 `paged_prefill` is the causal attention of one prefill chunk over its sequence (flash-style, bf16
 dot products; a row's result depends only on its sequence, not on how the prompt was chunked).
-They run the C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`,
-`parrot_paged_prefill`) through the library that library.py loads. An attention backend decides
-once, when it is built, whether it attends natively (`paged_decode_on`, given the engine's setting).
+A bf16 cache runs the C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`,
+`parrot_paged_prefill`; AVX512-BF16); a float32 cache decodes on block_kernels.c's
+`parrot_cascade_decode_f32` (AVX2 + FMA; per-context decode is its case of one piece per row) and
+has no native prefill. An attention backend decides once, when it is built, whether it decodes
+natively (`paged_decode_on`) and prefills natively (`paged_prefill_on`), given the engine's setting.
 """
 
 from __future__ import annotations
@@ -18,39 +20,44 @@ from dataclasses import dataclass
 
 import torch
 
-from parrot.engine.kernels.library import available, load
+from parrot.engine.kernels.library import available, blocks_library, load
 
 
 def paged_decode_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether decode over a cache like `cache_k` can run on `paged_decode` here: a CPU cache of a
-    supported shape, and the library built (building it on first call)."""
-    supported = paged_decode_supported(cache_k.dtype, num_heads, num_kv_heads, head_dim)
-    return cache_k.device.type == "cpu" and supported and available()
+    """Whether decode over a cache like `cache_k` can run on `paged_decode` / `cascade_decode`
+    here: a CPU cache of a supported dtype and shape, and its library built (on first call)."""
+    if cache_k.device.type != "cpu" or not paged_decode_supported(cache_k.dtype, num_heads, num_kv_heads, head_dim):
+        return False
+    return available() if cache_k.dtype == torch.bfloat16 else blocks_library() is not None
+
+
+def paged_prefill_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether a prefill chunk over a cache like `cache_k` can run on `paged_prefill` (bf16 only)."""
+    return cache_k.dtype == torch.bfloat16 and paged_decode_on(cache_k, num_heads, num_kv_heads, head_dim)
 
 
 def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether `paged_decode` takes this model's attention shape (bf16, D % 32 == 0, D <= 256, G <= 16)."""
-    return (
-        dtype == torch.bfloat16
-        and head_dim % 32 == 0
-        and head_dim <= 256
-        and num_heads % num_kv_heads == 0
-        and num_heads // num_kv_heads <= 16
-    )
+    """Whether the decode kernels take this attention shape: bf16 with D % 32 == 0, D <= 256,
+    G <= 16; float32 with D % 8 == 0, D <= 256."""
+    if num_heads % num_kv_heads or head_dim > 256:
+        return False
+    if dtype == torch.bfloat16:
+        return head_dim % 32 == 0 and num_heads // num_kv_heads <= 16
+    return dtype == torch.float32 and head_dim % 8 == 0
 
 
 def _checked_decode_lib(
     name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *more: torch.Tensor
 ) -> ctypes.CDLL:
-    """The library, after the checks both decode kernels need (layout, dtype, device)."""
-    lib = load()
-    assert lib is not None, f"{name} without the native kernels"
+    """The library for q's dtype, after the checks the decode kernels need (layout, dtype, device)."""
     if q.stride(2) != 1 or q.stride(1) != q.shape[2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"{name}: q heads and the cache must be contiguous")
-    if not q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16:
-        raise ValueError(f"{name}: q and the cache must be bfloat16")
+    if not q.dtype == k_cache.dtype == v_cache.dtype or q.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"{name}: q and the cache must be all bfloat16 or all float32")
     if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, *more)):
         raise ValueError(f"{name}: CPU tensors only")
+    lib = load() if q.dtype == torch.bfloat16 else blocks_library()
+    assert lib is not None, f"{name} without the native kernels for {q.dtype}"
     return lib
 
 
@@ -71,11 +78,14 @@ def paged_decode(
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV, read in place: q [B, Hq, D] (rows may be
     strided), k/v_cache [blocks, bs, Hkv, D], block_tables [B, max_blocks] int64, seq_lens [B]
-    int64 -> [B, Hq * D]. Callers check `paged_decode_on` first."""
+    int64 -> [B, Hq * D]. Callers check `paged_decode_on` first. A float32 cache runs as the
+    cascade of one piece per row (`CascadePieces.per_context`; a backend builds those once a step)."""
     lib = _checked_decode_lib("paged_decode", q, k_cache, v_cache, block_tables, seq_lens)
     tables, lens = block_tables.contiguous().long(), seq_lens.contiguous().long()
     if lens.numel() and int(lens.min()) < 1:
         raise ValueError("paged_decode: every sequence needs at least one token of KV")
+    if q.dtype == torch.float32:
+        return cascade_decode(q, k_cache, v_cache, CascadePieces.per_context(tables, lens), scale)
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
     head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
     args = (tables.data_ptr(), tables.shape[1], lens.data_ptr())
@@ -119,6 +129,13 @@ class CascadePieces:
         slot_ptr, slots = csr(per_row)
         return cls(block_ptr, blocks, lens, row_ptr, rows, slot_ptr, slots)
 
+    @classmethod
+    def per_context(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> CascadePieces:
+        """Each row's whole KV as its one piece: block_tables [B, max_blocks], seq_lens [B] (int64)."""
+        b, width = block_tables.shape
+        ids = torch.arange(b + 1, dtype=torch.long)
+        return cls(ids * width, block_tables.reshape(-1), seq_lens, ids, ids[:b], ids, ids[:b])
+
 
 def cascade_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pieces: CascadePieces, scale: float
@@ -128,12 +145,13 @@ def cascade_decode(
     lib = _checked_decode_lib("cascade_decode", q, k_cache, v_cache)
     if pieces.slot_ptr.numel() != q.shape[0] + 1:
         raise ValueError(f"cascade_decode: pieces are for {pieces.slot_ptr.numel() - 1} rows, q has {q.shape[0]}")
-    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
     p = pieces
     head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
     csr = (p.block_ptr, p.blocks, p.lens, p.row_ptr, p.rows, p.slot_ptr, p.slots)
     args = (p.lens.numel(), *(t.data_ptr() for t in csr))
-    failed = lib.parrot_cascade_decode(*head, *args, *_decode_shape(out, q, k_cache, scale))
+    kernel = lib.parrot_cascade_decode if q.dtype == torch.bfloat16 else lib.parrot_cascade_decode_f32
+    failed = kernel(*head, *args, *_decode_shape(out, q, k_cache, scale))
     if failed:
         raise MemoryError(f"cascade_decode: {failed} work items could not allocate their buffers")
     return out

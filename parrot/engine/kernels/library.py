@@ -4,7 +4,8 @@ compiler, loaded through ctypes, and why it is unavailable when it is.
 - cpu_kernels.c, the bf16 decoder's kernels: needs a CPU with AVX512-BF16; its AMX path also needs
   AMX-BF16 and the OS's permission for the tile state. `status()` names what runs
   ("avx512_bf16+amx", "avx512_bf16") or says why nothing does ("unavailable: <reason>").
-- block_kernels.c, float32 linears over GGUF block-encoded weights (blocks.py): needs AVX2 + FMA
+- block_kernels.c, the float32 engine's kernels: linears over GGUF block-encoded weights
+  (blocks.py) and decode attention over a float32 paged KV cache (decode.py): needs AVX2 + FMA
   (`blocks_library()`, `blocks_status()`).
 A library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags, and needs
 gcc (or $CC). The engine logs what runs once and reports it in stats.
@@ -55,6 +56,8 @@ BLOCKS_CPU_FLAGS = frozenset({"avx2", "fma"})
 BLOCKS_SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_linear_q4_1": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_linear_q8_0": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
+    # float32 decode attention (per context and cascade): the work items that could not allocate.
+    "parrot_cascade_decode_f32": SIGNATURES["parrot_cascade_decode"],
 }
 
 
