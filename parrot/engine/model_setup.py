@@ -59,6 +59,9 @@ def _apply_native_kernels(model: LlamaModel, config: EngineConfig) -> tuple[bool
         level = logging.INFO if config.dtype != "bfloat16" else logging.WARNING
         log.log(level, "native CPU kernels %s; running on torch ops", report.status)
         blocks = kernels.apply_blocks(model)  # a float32 GGUF model's linears over its blocks
+        num_elementwise = kernels.apply_elementwise(model)  # its RMSNorm, SiLU*up, rotary (AVX2)
+        if num_elementwise:
+            log.info("float32 RMSNorm, SiLU*up and rotary on the AVX2 kernels: %d pieces", num_elementwise)
         if blocks.applied:
             log.info("float32 linears over the model's GGUF blocks: %s", blocks.status)
             return False, blocks.status

@@ -13,7 +13,8 @@ in the process.
   shared-prefix cascade) and the causal prefill of a chunk;
 - pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
 - fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows;
-- transform.py: `apply_native`, which swaps them in;
+- transform.py: `apply_native`, which swaps them in (`apply_elementwise`: a float32 model's
+  RMSNorm, SiLU*up and rotary on the AVX2 kernels);
 - invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count;
 - blocks.py + block_kernels.c: a float32 GGUF model's linears over its exact 4/8-bit blocks (AVX2),
   `apply_blocks`.
@@ -49,7 +50,7 @@ from parrot.engine.kernels.ops import (
     rowwise_linear,
     silu_mul,
 )
-from parrot.engine.kernels.transform import NativeReport, apply_native
+from parrot.engine.kernels.transform import NativeReport, apply_elementwise, apply_native
 
 __all__ = [
     "AMX_MAX_ROWS",
@@ -67,6 +68,7 @@ __all__ = [
     "amx_available",
     "apply_batch_invariant",
     "apply_blocks",
+    "apply_elementwise",
     "apply_native",
     "argmax_logsumexp",
     "available",

@@ -1,4 +1,5 @@
-/* Parrot's float32 linear kernels over block-encoded weights (x86: AVX2 + FMA).
+/* Parrot's float32 kernels (x86: AVX2 + FMA): linears over block-encoded weights, then (below)
+ * decode attention over a float32 paged KV cache and the decoder's elementwise steps.
  *
  * A GGUF model's projections are 4-bit blocks (Q4_1: w = d * q + m per block of 32 weights, d and m
  * half floats, q in 0..15) and its embedding 8-bit blocks (Q8_0: w = d * q, q in -127..127). The
@@ -14,7 +15,8 @@
  * summed over K in one fixed order whatever M is and wherever its row sits in the batch (see
  * DEFINE_TILE): the kernels are row-invariant by construction.
  *
- * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp -mavx2 -mfma).
+ * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp -mavx2 -mfma
+ * -ffp-contract=off: a product and a sum written apart stay two roundings, as in the reference).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -38,10 +40,11 @@ static inline void q4_1_block(const uint8_t* qs, const float* dm, __m256* w) {
     const __m128i lo = _mm_and_si128(raw, low4);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
     const __m256 d = _mm256_set1_ps(dm[0]), m = _mm256_set1_ps(dm[1]);
-    w[0] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))), m);
-    w[1] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)))), m);
-    w[2] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))), m);
-    w[3] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))), m);
+    /* d * q is exact in float32, so one fused multiply-add rounds exactly as d * q + m does */
+    w[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m);
+    w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
+    w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
+    w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
 }
 
 /* One Q8_0 block (32 signed bytes, then d as float32). */
@@ -409,4 +412,69 @@ int64_t parrot_cascade_decode_f32(const float* q, int64_t q_stride, const float*
     }
     free(pm), free(pl), free(pacc);
     return 0;
+}
+
+/* ---- Fused elementwise steps of a float32 decoder layer (ops.py; float32 has no rounding points
+ * between the ops, so each is one pass over its rows where torch makes several) --------------- */
+
+/* out = w * (r * rsqrt(mean(r^2) + eps)), r = x (+ delta, written to resid). D % 8 == 0. */
+void parrot_rmsnorm_f32(const float* x, const float* delta, float* resid, const float* w, float* out, int64_t N,
+                        int64_t D, float eps, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const float* r = delta ? resid + n * D : x + n * D;
+        __m256 ss = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 v = _mm256_loadu_ps(x + n * D + d);
+            if (delta) {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(delta + n * D + d));
+                _mm256_storeu_ps(resid + n * D + d, v);
+            }
+            ss = _mm256_fmadd_ps(v, v, ss);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)D + eps));
+        for (int64_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(out + n * D + d,
+                             _mm256_mul_ps(_mm256_loadu_ps(w + d), _mm256_mul_ps(_mm256_loadu_ps(r + d), inv)));
+    }
+}
+
+/* In place on x [N, H, D] (rows x_stride apart): x = x * c + rotate_half(x) * s with c, s the tables'
+ * rows at each position: the reference's operations (two products, one sum: its bits). D % 16 == 0. */
+void parrot_rope_f32(float* x, int64_t x_stride, int64_t N, int64_t H, int64_t D, const float* cos_table,
+                     const float* sin_table, const int64_t* positions, int num_threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const float* ct = cos_table + positions[n] * D;
+        const float* st = sin_table + positions[n] * D;
+        for (int64_t h = 0; h < H; h++) {
+            float* xh = x + n * x_stride + h * D;
+            for (int64_t d = 0; d < half; d += 8) {
+                const __m256 lo = _mm256_loadu_ps(xh + d), hi = _mm256_loadu_ps(xh + half + d);
+                const __m256 neg_hi = _mm256_sub_ps(_mm256_setzero_ps(), hi);
+                const __m256 a = _mm256_add_ps(_mm256_mul_ps(lo, _mm256_loadu_ps(ct + d)),
+                                               _mm256_mul_ps(neg_hi, _mm256_loadu_ps(st + d)));
+                const __m256 b = _mm256_add_ps(_mm256_mul_ps(hi, _mm256_loadu_ps(ct + half + d)),
+                                               _mm256_mul_ps(lo, _mm256_loadu_ps(st + half + d)));
+                _mm256_storeu_ps(xh + d, a);
+                _mm256_storeu_ps(xh + half + d, b);
+            }
+        }
+    }
+}
+
+/* out [N, I] = silu(g) * u = g / (1 + e^-g) * u, where gu [N, 2I] = [g | u]. I % 8 == 0. */
+void parrot_silu_mul_f32(const float* gu, float* out, int64_t N, int64_t I, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
+    for (int64_t n = 0; n < N; n++) {
+        const float* g = gu + n * 2 * I;
+        const float* u = g + I;
+        for (int64_t i = 0; i < I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(out + n * I + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+    }
 }

@@ -9,10 +9,13 @@ rebuilt bit for bit, so the kernels multiply by exactly the model's float32 weig
 0.6 or 1.06 bytes a weight. A weight that is not such an encoding (a model shipped in float32, a
 random test model) keeps torch's path.
 
-`BlockLinear` and `BlockLMHead` run steps of up to `MAX_ROWS` rows on the kernels and larger ones
-(prefill chunks) on torch's float32 matmul, which catches up there; their `ROW_INVARIANT` versions
-(the batch-invariant mode) run every row count on the kernels, whose per-row sum does not depend on
-the other rows. `apply_blocks(model)` swaps them in for a float32 model's projections and LM head.
+`BlockLinear` and `BlockLMHead` run small steps on the kernels and steps of `ONEDNN_ROWS` rows or
+more (`ONEDNN_HEAD_ROWS` for the LM head; prefill chunks, big decode batches) on oneDNN over a
+prepacked copy of the weight (onednn.py), which wins there; without oneDNN, steps of up to
+`MAX_ROWS` rows run on the kernels and bigger ones on torch's matmul. Their `ROW_INVARIANT`
+versions (the batch-invariant mode) run every row count on the kernels, whose per-row sum does not
+depend on the other rows. `apply_blocks(model)` swaps them in for a float32 model's projections and
+LM head.
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parrot.engine.kernels import library
+from parrot.engine.kernels import library, onednn
 from parrot.engine.kernels.pieces import PackedWeight, head_sharing, linear_sharing
 from parrot.engine.model.layers import Linear, LMHead
 
 QK = 32  # weights per block
 MAX_ROWS = 64  # up to here the kernels beat torch's float32 matmul (a whole pass: 1.2x at 64 rows)
+# From here oneDNN over prepacked weights beats the kernels (AVX2 EPYC, 2 threads, us at 8 / 16 /
+# 64 rows: gate_up 485 / 824 / 3229 on the kernels against 316 / 537 / 2119; the LM head only from
+# 32 rows: 8.8 / 15.6 / 56.7 ms against 16.3 / 17.4 / 37.2).
+ONEDNN_ROWS = 8
+ONEDNN_HEAD_ROWS = 32
 MAX_K = 8192  # the kernels' buffer of rebuilt weights holds 4 columns of this many
 _STEPS = (0, 1, -1, 2, -2)  # half-float steps around the estimated scale tried for a block
 
@@ -160,16 +168,26 @@ def block_linear(x: torch.Tensor, blocks: BlockWeight, bias: torch.Tensor | None
     return y
 
 
-def _runs_on_blocks(x: torch.Tensor, blocks: BlockWeight | None, row_invariant: bool) -> bool:
-    return (
-        blocks is not None
-        and blocks.in_features <= MAX_K
-        and x.dim() == 2
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and (row_invariant or x.shape[0] <= MAX_ROWS)
-        and not torch.is_grad_enabled()
-    )
+def _linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    encoded: PackedWeight[BlockWeight],
+    packed: PackedWeight[torch.Tensor],
+    onednn_rows: int,
+    row_invariant: bool,
+) -> torch.Tensor:
+    """x @ weight^T (+ bias) on oneDNN (big steps), the block kernels (small ones, or every step
+    when `row_invariant`) or torch (anything else: autograd, another dtype, no encoding)."""
+    ours = x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+    if ours and not row_invariant and x.shape[0] >= onednn_rows:
+        prepacked = packed.get(weight)
+        if prepacked is not None:
+            return onednn.linear(x, prepacked, bias)
+    blocks = encoded.get(weight)
+    if ours and blocks is not None and blocks.in_features <= MAX_K and (row_invariant or x.shape[0] <= MAX_ROWS):
+        return block_linear(x, blocks, bias)
+    return F.linear(x, weight, bias)
 
 
 class BlockLinear(Linear):
@@ -180,12 +198,13 @@ class BlockLinear(Linear):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.encoded: PackedWeight[BlockWeight] = PackedWeight(encode, torch.float32)
+        self.packed: PackedWeight[torch.Tensor] = PackedWeight(onednn.pack, torch.float32)  # oneDNN's
 
     @classmethod
     def of(cls, linear: Linear) -> Self:
         new = linear_sharing(cls, linear)
         if isinstance(linear, BlockLinear):
-            new.encoded = linear.encoded  # the same weight: its encoding is not made again
+            new.encoded, new.packed = linear.encoded, linear.packed  # the same weight: not made again
         return new
 
     @property
@@ -193,11 +212,7 @@ class BlockLinear(Linear):
         return self.encoded.get(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        blocks = self.blocks
-        if _runs_on_blocks(x, blocks, self.ROW_INVARIANT):
-            assert blocks is not None
-            return block_linear(x, blocks, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias, self.encoded, self.packed, ONEDNN_ROWS, self.ROW_INVARIANT)
 
 
 class BlockLMHead(LMHead):
@@ -206,21 +221,18 @@ class BlockLMHead(LMHead):
     def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
         super().__init__(hidden_size, vocab_size, tied)
         self.encoded: PackedWeight[BlockWeight] = PackedWeight(encode, torch.float32)
+        self.packed: PackedWeight[torch.Tensor] = PackedWeight(onednn.pack, torch.float32)
 
     @classmethod
     def of(cls, head: LMHead) -> Self:
         new = head_sharing(cls, head)
         if isinstance(head, BlockLMHead):
-            new.encoded = head.encoded
+            new.encoded, new.packed = head.encoded, head.packed
         return new
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         w = self.head_weight(embed_weight)
-        blocks = self.encoded.get(w)
-        if _runs_on_blocks(hidden, blocks, self.ROW_INVARIANT):
-            assert blocks is not None
-            return block_linear(hidden, blocks)
-        return F.linear(hidden, w)
+        return _linear(hidden, w, None, self.encoded, self.packed, ONEDNN_HEAD_ROWS, self.ROW_INVARIANT)
 
 
 class RowInvariantBlockLinear(BlockLinear):
@@ -245,15 +257,16 @@ class BlocksReport:
 
 def apply_blocks(model: nn.Module) -> BlocksReport:
     """Swap a float32 model's projections and LM head, in place, for block pieces where their weight
-    is an exact block encoding (encoded now, once); leave the rest, and say why when nothing is.
-    (`apply_batch_invariant` then swaps them for their row-invariant versions, keeping the encodings.)"""
+    is an exact block encoding (encoded now, once, and packed for oneDNN where it runs); leave the
+    rest, and say why when nothing is. (`apply_batch_invariant` then swaps them for their
+    row-invariant versions, keeping the encodings.)"""
     if {p.dtype for p in model.parameters()} != {torch.float32}:
         return BlocksReport("unavailable: the block kernels take float32 models")
     if library.blocks_library() is None:
         return BlocksReport(library.blocks_status())
     linear, head = BlockLinear, BlockLMHead
     embed = getattr(model, "embed", None)
-    num_replaced = num_weights = encoded_bytes = float_bytes = 0
+    num_replaced = num_weights = encoded_bytes = float_bytes = packed_bytes = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Linear) and not isinstance(child, linear):
@@ -273,6 +286,8 @@ def apply_blocks(model: nn.Module) -> BlocksReport:
             num_replaced += 1
             encoded_bytes += blocks.nbytes
             float_bytes += weight.numel() * 4
+            packed = new.packed.get(weight)  # at load, not in the first big step
+            packed_bytes += 0 if packed is None else onednn.nbytes(packed)
     if not num_replaced:
         return BlocksReport("unavailable: no weight is an exact Q4_1 or Q8_0 block encoding")
     mb = 1 << 20
@@ -280,4 +295,6 @@ def apply_blocks(model: nn.Module) -> BlocksReport:
         f"{library.blocks_status()} blocks: {num_replaced} of {num_weights} weights "
         f"({encoded_bytes / mb:.0f} MB for {float_bytes / mb:.0f} MB of float32)"
     )
+    if packed_bytes:
+        status += f", oneDNN from {ONEDNN_ROWS} rows ({packed_bytes / mb:.0f} MB packed)"
     return BlocksReport(status, num_replaced)

@@ -5,7 +5,8 @@ compiler, loaded through ctypes, and why it is unavailable when it is.
   AMX-BF16 and the OS's permission for the tile state. `status()` names what runs
   ("avx512_bf16+amx", "avx512_bf16") or says why nothing does ("unavailable: <reason>").
 - block_kernels.c, the float32 engine's kernels: linears over GGUF block-encoded weights
-  (blocks.py) and decode attention over a float32 paged KV cache (decode.py): needs AVX2 + FMA
+  (blocks.py), decode attention over a float32 paged KV cache (decode.py) and the decoder's
+  elementwise steps (RMSNorm, RoPE, SiLU*up: ops.py): needs AVX2 + FMA
   (`blocks_library()`, `blocks_status()`).
 A library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags, and needs
 gcc (or $CC). The engine logs what runs once and reports it in stats.
@@ -51,13 +52,17 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_decoder_layer": (_I64, [_PTR, _PTR, _I64, *[_PTR] * 5, _F32, _F32, _F32]),
 }
 BLOCKS_SOURCE = Path(__file__).with_name("block_kernels.c")
-BLOCKS_FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-shared", "-fPIC"]
+BLOCKS_FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
 BLOCKS_CPU_FLAGS = frozenset({"avx2", "fma"})
 BLOCKS_SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_linear_q4_1": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_linear_q8_0": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     # float32 decode attention (per context and cascade): the work items that could not allocate.
     "parrot_cascade_decode_f32": SIGNATURES["parrot_cascade_decode"],
+    # The float32 decoder's elementwise steps (ops.py), with the bf16 ones' arguments.
+    "parrot_rmsnorm_f32": SIGNATURES["parrot_rmsnorm"],
+    "parrot_rope_f32": SIGNATURES["parrot_rope"],
+    "parrot_silu_mul_f32": SIGNATURES["parrot_silu_mul"],
 }
 
 

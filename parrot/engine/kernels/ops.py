@@ -12,18 +12,21 @@ walks K in the same order whatever the other rows: the VNNI kernel over weights 
 Both kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
 differs from `F.linear` by one bf16 ulp; a model without the native transform is the bit-exact
 torch reference. The elementwise steps (RMSNorm with the residual add, RoPE, SiLU*up) round where
-the references in parrot.engine.model round; their reductions run in another order.
-Every op runs on torch where the library is unavailable.
+the references in parrot.engine.model round; their reductions run in another order. They take
+float32 too (block_kernels.c, AVX2: the float32 engine's): RoPE then has the reference's bits,
+RMSNorm and SiLU*up differ from torch by float32 rounding (another sum order, another e^x).
+Every op runs on torch where its library is unavailable.
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from parrot.engine.kernels.library import amx_available, load
+from parrot.engine.kernels.library import amx_available, blocks_library, load
 from parrot.engine.model.layers import add_rms_norm_reference, rms_norm_reference, silu_mul_reference
 from parrot.engine.model.rope import RotaryStep
 
@@ -128,25 +131,38 @@ def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- fused elementwise steps of the decoder layer (the model's torch reference when not native) ---
-def _native(*tensors: torch.Tensor) -> ctypes.CDLL | None:
-    """The library if every tensor is a contiguous bf16 CPU tensor and autograd is off."""
-    lib = load()
-    if lib is None or torch.is_grad_enabled():
+def _native(*tensors: torch.Tensor) -> tuple[ctypes.CDLL, str] | None:
+    """The library and its functions' suffix when every tensor is a contiguous CPU tensor, all bf16
+    (cpu_kernels.c, "") or all float32 (block_kernels.c, "_f32"), and autograd is off; else None."""
+    if torch.is_grad_enabled():
         return None
+    dtype = tensors[0].dtype
     for t in tensors:
-        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+        if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
             return None
-    return lib
+    if dtype == torch.bfloat16:
+        lib, suffix = load(), ""
+    elif dtype == torch.float32:
+        lib, suffix = blocks_library(), "_f32"
+    else:
+        return None
+    return None if lib is None else (lib, suffix)
+
+
+def _kernel(native: tuple[ctypes.CDLL, str], name: str) -> Any:
+    lib, suffix = native
+    return getattr(lib, name + suffix)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, rounding where the reference rounds (fused natively in bf16)."""
-    lib = _native(x, weight)
-    if lib is None or x.dim() != 2 or x.shape[1] % 16:
+    native = _native(x, weight)
+    if native is None or x.dim() != 2 or x.shape[1] % 16:
         return rms_norm_reference(x, weight, eps)
     out = torch.empty_like(x)
     n, d = x.shape
-    lib.parrot_rmsnorm(x.data_ptr(), None, None, weight.data_ptr(), out.data_ptr(), n, d, eps, torch.get_num_threads())
+    args = (x.data_ptr(), None, None, weight.data_ptr(), out.data_ptr(), n, d, eps)
+    _kernel(native, "parrot_rmsnorm")(*args, torch.get_num_threads())
     return out
 
 
@@ -154,29 +170,29 @@ def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, rms_norm(r)) with r = x + delta: the residual add and the next norm in one pass."""
-    lib = _native(x, delta, weight)
-    if lib is None or x.dim() != 2 or x.shape[1] % 16 or x.shape != delta.shape:
+    native = _native(x, delta, weight)
+    if native is None or x.dim() != 2 or x.shape[1] % 16 or x.shape != delta.shape:
         return add_rms_norm_reference(x, delta, weight, eps)
     r, out = torch.empty_like(x), torch.empty_like(x)
     n, d = x.shape
     args = (x.data_ptr(), delta.data_ptr(), r.data_ptr(), weight.data_ptr(), out.data_ptr(), n, d, eps)
-    lib.parrot_rmsnorm(*args, torch.get_num_threads())
+    _kernel(native, "parrot_rmsnorm")(*args, torch.get_num_threads())
     return r, out
 
 
 class NativeRotaryStep(RotaryStep):
-    """`RotaryStep` that rotates bf16 heads in place natively (the torch gather otherwise)."""
+    """`RotaryStep` that rotates bf16 or float32 heads in place natively (the torch gather otherwise)."""
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, heads, D] (rows may be strided, e.g. a view into the qkv projection)."""
-        lib = _native(x[0:0])
+        native = _native(x[0:0])
         d = x.shape[-1]
         pos = self.positions
-        if lib is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or pos.dtype != torch.int64:
+        if native is None or x.dim() != 3 or d % 32 or x.stride(2) != 1 or x.stride(1) != d or pos.dtype != torch.int64:
             return super().apply(x)
         n, h, _ = x.shape
         pos, ct, st = pos.contiguous(), self.cos_table.contiguous(), self.sin_table.contiguous()
-        lib.parrot_rope(
+        _kernel(native, "parrot_rope")(
             x.data_ptr(), x.stride(0), n, h, d, ct.data_ptr(), st.data_ptr(), pos.data_ptr(), torch.get_num_threads()
         )
         return x
@@ -189,10 +205,10 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[N, 2I] = [gate | up] -> silu(gate) * up [N, I]."""
-    lib = _native(gate_up)
+    native = _native(gate_up)
     n, two_i = gate_up.shape
-    if lib is None or gate_up.dim() != 2 or two_i % 32:
+    if native is None or gate_up.dim() != 2 or two_i % 32:
         return silu_mul_reference(gate_up)
     out = torch.empty(n, two_i // 2, dtype=gate_up.dtype)
-    lib.parrot_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, torch.get_num_threads())
+    _kernel(native, "parrot_silu_mul")(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2, torch.get_num_threads())
     return out

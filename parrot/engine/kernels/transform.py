@@ -5,7 +5,9 @@ model, not a flag threaded through it).
 Swapped: every `Linear`, `RMSNorm`, `SiluMul`, `Rotary` and the `LMHead` for its native piece
 (pieces.py), and every `DecoderLayer` for a `FusedDecoderLayer` (fused.py: the whole layer in one
 native call where the step's attention and pieces allow, the per-op path otherwise). Each shares
-its parameters with the piece it replaced (nothing is copied; loading still works).
+its parameters with the piece it replaced (nothing is copied; loading still works). A float32
+model takes `apply_elementwise` instead (its RMSNorm, SiLU*up and rotary on the AVX2 kernels;
+its linears are blocks.py's `apply_blocks`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ NATIVE_PIECES: dict[type[nn.Module], type] = {
     LMHead: NativeLMHead,
     DecoderLayer: FusedDecoderLayer,
 }
+# The pieces whose native versions also take float32 (block_kernels.c, AVX2): `apply_elementwise`.
+ELEMENTWISE_PIECES: dict[type[nn.Module], type] = {t: NATIVE_PIECES[t] for t in (RMSNorm, SiluMul, Rotary)}
 
 
 @dataclass(frozen=True)
@@ -56,16 +60,29 @@ def apply_native(model: nn.Module) -> NativeReport:
         return NativeReport(f"unavailable: the kernels take bfloat16 weights and the model's are {names}")
     if not library.available():
         return NativeReport(library.status())
+    num_replaced = _swap(model, NATIVE_PIECES)
+    share_steps(model)
+    return NativeReport(library.status(), num_replaced, library.note())
+
+
+def apply_elementwise(model: nn.Module) -> int:
+    """Swap a float32 model's RMSNorms, SiLU*up and rotary for their native pieces, in place, where
+    the AVX2 library is built (their float32 kernels); returns how many were swapped (0: none)."""
+    if {p.dtype for p in model.parameters()} != {torch.float32} or library.blocks_library() is None:
+        return 0
+    return _swap(model, ELEMENTWISE_PIECES)
+
+
+def _swap(model: nn.Module, table: dict[type[nn.Module], type]) -> int:
+    """Swap every child whose exact type `table` names; children before their parents (reversed
+    pre-order), so a fused layer is made from the native pieces."""
     num_replaced = 0
-    # Children before their parents (reversed pre-order): a layer is swapped after its pieces, so
-    # the fused layer holds the native ones.
     for parent in reversed(list(model.modules())):
         for name, child in list(parent.named_children()):
-            native = NATIVE_PIECES.get(type(child))
+            native = table.get(type(child))
             if native is not None:
                 new = native.of(child)  # type: ignore[attr-defined]
                 new.train(child.training)
                 setattr(parent, name, new)
                 num_replaced += 1
-    share_steps(model)
-    return NativeReport(library.status(), num_replaced, library.note())
+    return num_replaced

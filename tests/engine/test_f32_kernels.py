@@ -1,9 +1,14 @@
-"""Float32 decode attention on the AVX2 kernels (block_kernels.c `parrot_cascade_decode_f32`, through
-kernels.paged_decode / cascade_decode): agreement with float64 attention over the same paged KV at
-every supported head shape, a row's bits independent of the rest of the batch, NaN rows, and which
-backend paths take it (the cascade grouping is tested in test_shared_prefix_attention.py)."""
+"""The float32 engine's AVX2 kernels besides its linears (block_kernels.c; test_block_kernels.py has
+the linears). Decode attention (`parrot_cascade_decode_f32`, through kernels.paged_decode /
+cascade_decode): agreement with float64 attention over the same paged KV at every supported head
+shape, a row's bits independent of the rest of the batch, NaN rows, and which backend paths take
+it (the cascade grouping is tested in test_shared_prefix_attention.py). The elementwise steps
+(RMSNorm + residual add, RoPE, SiLU*up through kernels.ops): against the model's torch references,
+and the transform that swaps them into a float32 model."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +17,12 @@ from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.rowwise import RowwiseAttention
 from parrot.engine.kernels.library import blocks_library, blocks_status
+from parrot.engine.kernels.pieces import NativeRMSNorm, NativeRotary, NativeSiluMul
 from parrot.engine.kv.cache import KVCache
+from parrot.engine.model.layers import RMSNorm, SiluMul, add_rms_norm_reference, rms_norm_reference, silu_mul_reference
+from parrot.engine.model.llama import LlamaModel
+from parrot.engine.model.loader import load_model
+from parrot.engine.model.rope import Rotary, RotaryStep, cos_sin_table, inv_freq
 
 pytestmark = pytest.mark.skipif(blocks_library() is None, reason=blocks_status())
 FP32 = {"atol": 1e-6, "rtol": 1e-5}  # float32 sums against float64 ones
@@ -112,3 +122,65 @@ def test_a_float32_backend_decodes_natively_and_prefills_on_torch() -> None:
         outs.append(b.forward(0, q, k, v))
     assert backend.decode_pieces is not None and torch_path.decode_pieces is None
     torch.testing.assert_close(outs[0], outs[1], **FP32)
+
+
+def test_rms_norm_and_its_residual_add() -> None:
+    gen = torch.Generator().manual_seed(9)
+    x, delta, w = (
+        torch.randn(13, 576, generator=gen),
+        torch.randn(13, 576, generator=gen),
+        torch.rand(576, generator=gen),
+    )
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5), **FP32)
+        r, out = kernels.add_rms_norm(x, delta, w, 1e-5)
+        ref_r, ref_out = add_rms_norm_reference(x, delta, w, 1e-5)
+    assert torch.equal(r, ref_r)  # one float32 sum: the reference's bits
+    torch.testing.assert_close(out, ref_out, **FP32)
+    assert not torch.equal(x, r)  # the inputs are not written
+
+
+def test_rope_has_the_references_bits() -> None:
+    cos, sin = cos_sin_table(512, inv_freq(64, 100000.0, None))
+    gen = torch.Generator().manual_seed(10)
+    qkv = torch.randn(7, 15 * 64, generator=gen)  # q and k heads are a strided view of the projection
+    heads = qkv[:, : 12 * 64].view(7, 12, 64)
+    positions = torch.tensor([0, 1, 5, 100, 511, 3, 64])
+    expected = RotaryStep(positions, cos, sin).apply(heads.clone())
+    with torch.inference_mode():
+        out = kernels.rope(heads, positions, cos, sin)
+    assert out.data_ptr() == heads.data_ptr()  # in place
+    assert torch.equal(out, expected)
+
+
+def test_silu_mul() -> None:
+    gate_up = torch.randn(9, 2 * 1536, generator=torch.Generator().manual_seed(11)) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    with torch.inference_mode():
+        out = kernels.silu_mul(gate_up)
+    torch.testing.assert_close(out, silu_mul_reference(gate_up), **FP32)
+
+
+def test_a_float32_model_gets_the_elementwise_pieces_and_keeps_its_logits(tiny_model_folder: Path) -> None:
+    model, plain = load_model(tiny_model_folder, torch.float32), load_model(tiny_model_folder, torch.float32)
+    params = dict(model.named_parameters())
+    num = sum(isinstance(m, (RMSNorm, SiluMul, Rotary)) for m in model.modules())
+    assert kernels.apply_elementwise(model) == num > 0
+    swapped = [m for m in model.modules() if isinstance(m, (RMSNorm, SiluMul, Rotary))]
+    assert all(type(m) in (NativeRMSNorm, NativeSiluMul, NativeRotary) for m in swapped)
+    assert dict(model.named_parameters()) == params  # the same tensors, not copies
+    assert kernels.apply_elementwise(model) == 0  # idempotent
+    assert kernels.apply_elementwise(load_model(tiny_model_folder, torch.bfloat16)) == 0  # float32 only
+    cfg = model.cfg
+    ids = torch.arange(100, 140)
+
+    def logits(m: LlamaModel) -> torch.Tensor:
+        cache = KVCache(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+        backend = PagedAttention(cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        backend.prepare([SeqSpec(40, 40, [0, 1, 2])], torch.arange(40))
+        with torch.inference_mode():
+            return m.logits(m(ids, torch.arange(40), backend.forward))
+
+    ours, theirs = logits(model), logits(plain)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
