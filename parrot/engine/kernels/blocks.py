@@ -9,10 +9,9 @@ rebuilt bit for bit, so the kernels multiply by exactly the model's float32 weig
 0.6 or 1.06 bytes a weight. A weight that is not such an encoding (a model shipped in float32, a
 random test model) keeps torch's path.
 
-`BlockLinear` and `BlockLMHead` run small steps on the kernels and steps of `ONEDNN_ROWS` rows or
-more (`ONEDNN_HEAD_ROWS` for the LM head; prefill chunks, big decode batches) on oneDNN over a
-prepacked copy of the weight (onednn.py), which wins there; without oneDNN, steps of up to
-`MAX_ROWS` rows run on the kernels and bigger ones on torch's matmul. Their `ROW_INVARIANT`
+`BlockLinear` and `BlockLMHead` run steps of up to `MAX_ROWS` rows on the kernels and bigger ones
+(prefill chunks) on oneDNN over a prepacked copy of the weight (onednn.py; torch's matmul without
+it), which wins there. Their `ROW_INVARIANT`
 versions (the batch-invariant mode) run every row count on the kernels, whose per-row sum does not
 depend on the other rows. `apply_blocks(model)` swaps them in for a float32 model's projections and
 LM head.
@@ -32,12 +31,12 @@ from parrot.engine.kernels.pieces import PackedWeight, head_sharing, linear_shar
 from parrot.engine.model.layers import Linear, LMHead
 
 QK = 32  # weights per block
-MAX_ROWS = 64  # up to here the kernels beat torch's float32 matmul (a whole pass: 1.2x at 64 rows)
-# From here oneDNN over prepacked weights beats the kernels (AVX2 EPYC, 2 threads, us at 8 / 16 /
-# 64 rows: gate_up 485 / 824 / 3229 on the kernels against 316 / 537 / 2119; the LM head only from
-# 32 rows: 8.8 / 15.6 / 56.7 ms against 16.3 / 17.4 / 37.2).
-ONEDNN_ROWS = 8
-ONEDNN_HEAD_ROWS = 32
+# Up to here the kernels: they read 0.6 bytes a weight where torch's matmul and oneDNN read 4, and
+# a decode step reads each weight once, from memory. In one engine by turns (AVX2 EPYC, 2 threads,
+# medians of 5), oneDNN from 8 rows made decode steps slower (8 rows x 450 tokens 116 against 85
+# ms, 16 x 200 137 against 109, 32 x 200 194 against 188) though it wins on weights in cache
+# (gate_up at 16 rows 537 us against 824); bigger steps (prefill chunks) are faster on it.
+MAX_ROWS = 64
 MAX_K = 8192  # the kernels' buffer of rebuilt weights holds 4 columns of this many
 _STEPS = (0, 1, -1, 2, -2)  # half-float steps around the estimated scale tried for a block
 
@@ -174,19 +173,17 @@ def _linear(
     bias: torch.Tensor | None,
     encoded: PackedWeight[BlockWeight],
     packed: PackedWeight[torch.Tensor],
-    onednn_rows: int,
     row_invariant: bool,
 ) -> torch.Tensor:
-    """x @ weight^T (+ bias) on oneDNN (big steps), the block kernels (small ones, or every step
-    when `row_invariant`) or torch (anything else: autograd, another dtype, no encoding)."""
+    """x @ weight^T (+ bias) on the block kernels (small steps, or every step when
+    `row_invariant`), oneDNN (bigger ones) or torch (anything else: autograd, another dtype)."""
     ours = x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
-    if ours and not row_invariant and x.shape[0] >= onednn_rows:
-        prepacked = packed.get(weight)
-        if prepacked is not None:
-            return onednn.linear(x, prepacked, bias)
     blocks = encoded.get(weight)
     if ours and blocks is not None and blocks.in_features <= MAX_K and (row_invariant or x.shape[0] <= MAX_ROWS):
         return block_linear(x, blocks, bias)
+    prepacked = packed.get(weight) if ours and not row_invariant else None
+    if prepacked is not None:
+        return onednn.linear(x, prepacked, bias)
     return F.linear(x, weight, bias)
 
 
@@ -212,7 +209,7 @@ class BlockLinear(Linear):
         return self.encoded.get(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias, self.encoded, self.packed, ONEDNN_ROWS, self.ROW_INVARIANT)
+        return _linear(x, self.weight, self.bias, self.encoded, self.packed, self.ROW_INVARIANT)
 
 
 class BlockLMHead(LMHead):
@@ -232,7 +229,7 @@ class BlockLMHead(LMHead):
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         w = self.head_weight(embed_weight)
-        return _linear(hidden, w, None, self.encoded, self.packed, ONEDNN_HEAD_ROWS, self.ROW_INVARIANT)
+        return _linear(hidden, w, None, self.encoded, self.packed, self.ROW_INVARIANT)
 
 
 class RowInvariantBlockLinear(BlockLinear):
@@ -296,5 +293,5 @@ def apply_blocks(model: nn.Module) -> BlocksReport:
         f"({encoded_bytes / mb:.0f} MB for {float_bytes / mb:.0f} MB of float32)"
     )
     if packed_bytes:
-        status += f", oneDNN from {ONEDNN_ROWS} rows ({packed_bytes / mb:.0f} MB packed)"
+        status += f", oneDNN above {MAX_ROWS} rows ({packed_bytes / mb:.0f} MB packed)"
     return BlocksReport(status, num_replaced)
