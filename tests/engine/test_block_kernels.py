@@ -154,6 +154,7 @@ def test_big_steps_take_onednn_unless_rows_must_not_see_each_other(tiny_model_fo
     invariant = next(m for m in model.modules() if isinstance(m, blocks.BlockLinear))
     assert isinstance(invariant, blocks.RowInvariantBlockLinear)
     assert invariant.encoded is layer.encoded  # the encoding is not made again
+    assert invariant.packed.packed is None  # ... and oneDNN's copy is dropped: the mode never uses it
     assert isinstance(model.lm_head, blocks.RowInvariantBlockLMHead)
     assert not any(type(m) is Linear or type(m) is LMHead for m in model.modules())
     with torch.no_grad():

@@ -201,7 +201,9 @@ class BlockLinear(Linear):
     def of(cls, linear: Linear) -> Self:
         new = linear_sharing(cls, linear)
         if isinstance(linear, BlockLinear):
-            new.encoded, new.packed = linear.encoded, linear.packed  # the same weight: not made again
+            new.encoded = linear.encoded  # the same weight: its encoding is not made again
+            if not cls.ROW_INVARIANT:  # (the row-invariant pieces never use oneDNN: its copy goes)
+                new.packed = linear.packed
         return new
 
     @property
@@ -224,7 +226,9 @@ class BlockLMHead(LMHead):
     def of(cls, head: LMHead) -> Self:
         new = head_sharing(cls, head)
         if isinstance(head, BlockLMHead):
-            new.encoded, new.packed = head.encoded, head.packed
+            new.encoded = head.encoded
+            if not cls.ROW_INVARIANT:
+                new.packed = head.packed
         return new
 
     def forward(self, hidden: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
