@@ -2,7 +2,8 @@
 interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
 and sampling), one without.
 
-    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused | --attention-ab] [--prompt-len N]
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused | --attention-ab |
+        --float32-ab elementwise|onednn] [--prompt-len N]
 
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
@@ -11,10 +12,14 @@ running). Each case runs `--rounds` rounds (3); each round times both engines, i
 order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
 machine the best is luck). Only the engine being timed works; the other waits idle.
 
---attention: one engine, its decode attention by turns on the native kernels (the backend the
+--attention-ab: one engine, its decode attention by turns on the native kernels (the backend the
 engine built) and on torch (the same backend class built with native=False, over the same KV
 cache): what the native decode kernels save in a whole step, the rest of the step alike. With
 --prompt-len, decode steps attend over longer contexts (a decode case's prompts; default 32).
+
+--float32-ab (a float32 engine on its AVX2 kernels): one engine, by turns with and without one of
+its pieces: `elementwise`, RMSNorm / RoPE / SiLU*up on the kernels or on torch's ops; `onednn`,
+steps above 64 rows on oneDNN's prepacked weights or on torch's matmul (MKL).
 
 --fused: one engine on the native kernels, by turns running each decoder layer in one native call
 (kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
@@ -31,12 +36,14 @@ import itertools
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from parrot.engine import kernels, sync_client
 from parrot.engine.config import DTYPES, EngineConfig, resolve_dtype
-from parrot.engine.kernels import library
+from parrot.engine.kernels import blocks, library, ops
+from parrot.engine.kernels.pieces import PackedWeight
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
@@ -93,12 +100,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     ap.add_argument("--attention-ab", action="store_true", help="native decode attention vs torch, one engine")
+    ap.add_argument("--float32-ab", choices=["elementwise", "onednn"], help="a float32 piece on or off, one engine")
     ap.add_argument("--prompt-len", type=int, default=32, help="decode cases: each sequence's prompt tokens")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
     ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="float32: the block kernels against torch")
     a = ap.parse_args()
-    dtype = resolve_dtype(a.dtype)
+    dtype = "float32" if a.float32_ab else resolve_dtype(a.dtype)
     if dtype == "bfloat16" and not kernels.available():
         raise SystemExit(f"native kernels {kernels.status()}")
     if dtype == "float32" and library.blocks_library() is None:
@@ -111,16 +119,19 @@ def main() -> None:
     if a.attention:
         config = dataclasses.replace(config, attention=a.attention)
     backends = {}
-    if a.fused or a.attention_ab:  # one engine, two paths by turns: the same memory, KV and weights for both
+    switch: Callable[[bool], None] | None = None  # --float32-ab: turns the piece on or off
+    if a.fused or a.attention_ab or a.float32_ab:  # one engine, two paths by turns: the same memory, KV, weights
         engine = LLMEngine(config)
         engines = {True: engine}
         timers = {on: StepTimer(engine, seed=int(on)) for on in (True, False)}  # (no prefix cache hits)
         if a.attention_ab:
-            native = engine.runner.backend
+            built = engine.runner.backend
             mc = engine.model.cfg
-            torch_path = type(native)(engine.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, False)
-            assert native.native and not torch_path.native, "no native decode attention for this cache"
-            backends = {True: native, False: torch_path}
+            torch_path = type(built)(engine.cache, mc.num_heads, mc.num_kv_heads, mc.head_dim, False)
+            assert built.native and not torch_path.native, "no native decode attention for this cache"
+            backends = {True: built, False: torch_path}
+        if a.float32_ab:
+            switch = float32_switch(engine, a.float32_ab)
     else:
         engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
         timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
@@ -129,10 +140,14 @@ def main() -> None:
     names = (
         ("fused", "per-op") if a.fused else ("native attention", "torch") if a.attention_ab else ("kernels", "torch")
     )
+    if a.float32_ab:
+        names = (a.float32_ab, "torch")
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
     if a.attention_ab:
         what = f"{type(backends[True]).__name__} decode attention, native vs torch"
+    if a.float32_ab:
+        what = f"float32 {a.float32_ab} on vs off"
     print(f"{DEFAULT_MODEL} {dtype}, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({status})")
     for engine in engines.values():
         engine.start()
@@ -147,6 +162,8 @@ def main() -> None:
                         kernels.set_fused(timer.engine.model, native)
                     if backends:
                         timer.engine.runner.backend = backends[native]
+                    if switch is not None:
+                        switch(native)
                     times[native].append(timer.decode_ms(n, a.prompt_len) if kind == "d" else timer.prefill_ms(n))
             best = {native: min(ms) for native, ms in times.items()}
             label = (
@@ -161,6 +178,27 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.stop()
+
+
+def float32_switch(engine: LLMEngine, piece: str) -> Callable[[bool], None]:
+    """on/off for one piece of a float32 engine: its elementwise kernels (ops' library lookup) or
+    oneDNN (each block piece's packed weights, swapped for a packer that packs nothing)."""
+    if piece == "elementwise":
+
+        def elementwise(on: bool) -> None:
+            ops.blocks_library = library.blocks_library if on else lambda: None
+
+        return elementwise
+    pieces = [m for m in engine.model.modules() if isinstance(m, (blocks.BlockLinear, blocks.BlockLMHead))]
+    assert pieces, "no block pieces: not a float32 engine on its kernels"
+    packed = {id(m): m.packed for m in pieces}
+    none: PackedWeight[torch.Tensor] = PackedWeight(lambda w: None, torch.float32)
+
+    def onednn(on: bool) -> None:
+        for m in pieces:
+            m.packed = packed[id(m)] if on else none
+
+    return onednn
 
 
 if __name__ == "__main__":
