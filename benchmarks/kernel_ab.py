@@ -176,6 +176,8 @@ def main() -> None:
                 line += f" (medians {med[True]:.1f} / {med[False]:.1f} ms, {med[False] / med[True]:.2f}x)"
             print(line)
     finally:
+        if switch is not None:
+            switch(True)  # the piece back on (elementwise patches a module global)
         for engine in engines.values():
             engine.stop()
 
