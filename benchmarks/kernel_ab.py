@@ -19,7 +19,7 @@ cache): what the native decode kernels save in a whole step, the rest of the ste
 
 --float32-ab (a float32 engine on its AVX2 kernels): one engine, by turns with and without one of
 its pieces: `elementwise`, RMSNorm / RoPE / SiLU*up on the kernels or on torch's ops; `onednn`,
-steps above 64 rows on oneDNN's prepacked weights or on torch's matmul (MKL).
+steps above `blocks.MAX_ROWS` (40) rows on oneDNN's prepacked weights or on torch's matmul (MKL).
 
 --fused: one engine on the native kernels, by turns running each decoder layer in one native call
 (kernels.FusedDecoderLayer, the default) and the same kernels one op at a time

@@ -142,7 +142,7 @@ def test_big_steps_take_onednn_unless_rows_must_not_see_each_other(tiny_model_fo
     layer = next(m for m in model.modules() if isinstance(m, blocks.BlockLinear))
     x = torch.randn(blocks.MAX_ROWS + 7, layer.in_features)
     packed = layer.packed.get(layer.weight)
-    assert (packed is not None) == onednn.available() == ("oneDNN above 64 rows" in report.status)
+    assert (packed is not None) == onednn.available() == (f"oneDNN above {blocks.MAX_ROWS} rows" in report.status)
     with torch.no_grad():
         decode = x[: blocks.MAX_ROWS]
         assert torch.equal(layer(decode), blocks.block_linear(decode, layer.blocks))  # type: ignore[arg-type]

@@ -35,8 +35,9 @@ QK = 32  # weights per block
 # a decode step reads each weight once, from memory. In one engine by turns (AVX2 EPYC, 2 threads,
 # medians of 5), oneDNN from 8 rows made decode steps slower (8 rows x 450 tokens 116 against 85
 # ms, 16 x 200 137 against 109, 32 x 200 194 against 188) though it wins on weights in cache
-# (gate_up at 16 rows 537 us against 824); bigger steps (prefill chunks) are faster on it.
-MAX_ROWS = 64
+# (gate_up at 16 rows 537 us against 824); bigger steps are faster on it: decode steps of 48 / 56 /
+# 64 rows (48-token prompts, medians of 6) 218 / 236 / 253 ms against 226 / 277 / 277, 40 rows even.
+MAX_ROWS = 40
 MAX_K = 8192  # the kernels' buffer of rebuilt weights holds 4 columns of this many
 _STEPS = (0, 1, -1, 2, -2)  # half-float steps around the estimated scale tried for a block
 
