@@ -19,7 +19,9 @@ cache): what the native decode kernels save in a whole step, the rest of the ste
 
 --float32-ab (a float32 engine on its AVX2 kernels): one engine, by turns with and without one of
 its pieces: `elementwise`, RMSNorm / RoPE / SiLU*up on the kernels or on torch's ops; `onednn`,
-steps above `blocks.MAX_ROWS` (40) rows on oneDNN's prepacked weights or on torch's matmul (MKL).
+steps above `blocks.MAX_ROWS` (40) rows on oneDNN's prepacked weights or on torch's matmul (MKL);
+`rows`, steps of 41-64 rows on oneDNN or on the block kernels (their limit before: 64). E.g.
+`python -m benchmarks.kernel_ab d40 d48 d56 d64 --float32-ab rows --prompt-len 48 --rounds 6`.
 
 --fused: one engine on the native kernels, by turns running each decoder layer in one native call
 (kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
@@ -47,6 +49,8 @@ from parrot.engine.kernels.pieces import PackedWeight
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder
 from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+
+ROWS_BEFORE = 64  # `--float32-ab rows`: the block kernels' row limit before oneDNN took 41-64 rows
 
 
 class StepTimer:
@@ -100,7 +104,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     ap.add_argument("--attention-ab", action="store_true", help="native decode attention vs torch, one engine")
-    ap.add_argument("--float32-ab", choices=["elementwise", "onednn"], help="a float32 piece on or off, one engine")
+    ap.add_argument("--float32-ab", choices=["elementwise", "onednn", "rows"], help="a float32 piece on or off")
     ap.add_argument("--prompt-len", type=int, default=32, help="decode cases: each sequence's prompt tokens")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
     ap.add_argument("--attention", help="the attention backend outside the batch-invariant mode (default: config's)")
@@ -141,7 +145,7 @@ def main() -> None:
         ("fused", "per-op") if a.fused else ("native attention", "torch") if a.attention_ab else ("kernels", "torch")
     )
     if a.float32_ab:
-        names = (a.float32_ab, "torch")
+        names = ("oneDNN", "block kernels") if a.float32_ab == "rows" else (a.float32_ab, "torch")
     mode = "batch-invariant" if engines[True].batch_invariant else "per-context"
     what = "fused layers vs per-op native" if a.fused else "native kernels vs torch ops"
     if a.attention_ab:
@@ -183,14 +187,22 @@ def main() -> None:
 
 
 def float32_switch(engine: LLMEngine, piece: str) -> Callable[[bool], None]:
-    """on/off for one piece of a float32 engine: its elementwise kernels (ops' library lookup) or
-    oneDNN (each block piece's packed weights, swapped for a packer that packs nothing)."""
+    """on/off for one piece of a float32 engine: its elementwise kernels (ops' library lookup),
+    oneDNN (each block piece's packed weights, swapped for a packer that packs nothing), or oneDNN
+    for steps of `blocks.MAX_ROWS`+1 to 64 rows (off: the block kernels' limit before, 64)."""
     if piece == "elementwise":
 
         def elementwise(on: bool) -> None:
             ops.blocks_library = library.blocks_library if on else lambda: None
 
         return elementwise
+    if piece == "rows":  # steps of 41-64 rows on oneDNN (today's limit) or on the block kernels
+        limit = blocks.MAX_ROWS
+
+        def rows(on: bool) -> None:
+            blocks.MAX_ROWS = limit if on else ROWS_BEFORE
+
+        return rows
     pieces = [m for m in engine.model.modules() if isinstance(m, (blocks.BlockLinear, blocks.BlockLMHead))]
     assert pieces, "no block pieces: not a float32 engine on its kernels"
     packed = {id(m): m.packed for m in pieces}
