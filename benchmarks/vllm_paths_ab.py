@@ -9,7 +9,11 @@ ids under `logprobs: 0` (the adapter's) or as vLLM's `return_token_ids` (no logp
 
 Each round sends `--requests` requests (a shared 930-token system prompt + a 20-token question,
 32 output tokens) at `--rate` per second in every mode, modes interleaved; prints the median over
-rounds of the mean latency per output token.
+rounds of the mean latency per output token. Copilot's shape (one fresh 1,024-token prompt per
+round, shared by 6 requests sent at once, 16-token questions, 25 output tokens):
+
+    python -m benchmarks.vllm_paths_ab --requests 6 --rate 0 --system-tokens 1024 \
+        --question-tokens 16 --output-tokens 25 --fresh-system --modes whole parrot
 """
 
 from __future__ import annotations
@@ -31,18 +35,17 @@ from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
 from parrot.serve import ManagerConfig, create_manager
 
-OUT = 32
 STREAMED = {"stream": True, "logprobs": 0, "return_tokens_as_token_ids": True}
 IDS = {"stream": True, "return_token_ids": True}  # vLLM's token ids without logprobs
 
 
-async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, extra: dict[str, Any]) -> float:
+async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, extra: dict[str, Any]) -> float:
     latencies: list[float] = []
     async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
 
         async def one(prompt: list[int], delay: float) -> None:
             await asyncio.sleep(delay)
-            body = {"model": server.model, "prompt": prompt, "max_tokens": OUT, "temperature": 0.0, "ignore_eos": True}
+            body = {"model": server.model, "prompt": prompt, "max_tokens": out, "temperature": 0.0, "ignore_eos": True}
             start = time.perf_counter()
             if extra.get("stream"):
                 async with http.stream("POST", "/v1/completions", json=body | extra) as resp:
@@ -53,10 +56,10 @@ async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, ext
             latencies.append(time.perf_counter() - start)
 
         await asyncio.gather(*(one(p, i * gap_s) for i, p in enumerate(prompts)))
-    return 1000 * statistics.mean(latencies) / OUT
+    return 1000 * statistics.mean(latencies) / out
 
 
-async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float, interval: int = 1) -> float:
+async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, interval: int = 1) -> float:
     client = OpenAIEngineClient(
         server.base_url, server.model, tokenizer_folder=server.model_folder, stream_interval=interval
     )
@@ -64,7 +67,7 @@ async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float,
     await manager.start()
     latencies: list[float] = []
     template = ParsedTemplate((TextPiece("x"), Placeholder("o", PlaceholderKind.OUTPUT)), (), ("o",))
-    sampling = SamplingParams(max_tokens=OUT, ignore_eos=True, temperature=0.0)
+    sampling = SamplingParams(max_tokens=out, ignore_eos=True, temperature=0.0)
     try:
 
         async def one(prompt: list[int], delay: float) -> None:
@@ -81,42 +84,48 @@ async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float,
     finally:
         await manager.stop()
         await client.aclose()
-    return 1000 * statistics.mean(latencies) / OUT
+    return 1000 * statistics.mean(latencies) / out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=8.0, help="requests per second")
+    parser.add_argument("--rate", type=float, default=8.0, help="requests per second (0: all at once)")
+    parser.add_argument("--system-tokens", type=int, default=930)
+    parser.add_argument("--question-tokens", type=int, default=20)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--fresh-system", action="store_true", help="a new system prompt every round and mode")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--startup-s", type=float, default=1200.0)
     parser.add_argument("--modes", nargs="+", help="only these modes (names as printed)")
     args = parser.parse_args()
-    gap_s = 1.0 / args.rate
+    gap_s = 1.0 / args.rate if args.rate > 0 else 0.0
+    out = args.output_tokens
     with vllm_server(startup_timeout_s=args.startup_s) as server:
         vocab = vocab_size_of(server.model_folder)
-        system = random_prompts(1, 930, vocab, "paths/system")[0]
+        shared = random_prompts(1, args.system_tokens, vocab, "paths/system")[0]
 
         def prompts(tag: str) -> list[list[int]]:  # a fresh question each: only the system prompt is cached
-            return [system + q for q in random_prompts(args.requests, 20, vocab, tag)]
+            system = random_prompts(1, args.system_tokens, vocab, f"{tag}/system")[0] if args.fresh_system else shared
+            return [system + q for q in random_prompts(args.requests, args.question_tokens, vocab, tag)]
 
         modes: dict[str, Callable[[list[list[int]]], Coroutine[Any, Any, float]]] = {
-            "whole": lambda p: direct(server, p, gap_s, {}),
-            "whole+priority": lambda p: direct(server, p, gap_s, {"priority": -1}),
-            "streamed": lambda p: direct(server, p, gap_s, STREAMED),
-            "streamed+priority": lambda p: direct(server, p, gap_s, {**STREAMED, "priority": -1}),
-            "streamed, chunks of 16": lambda p: direct(server, p, gap_s, {**STREAMED, "stream_interval": 16}),
-            "ids, chunks of 16": lambda p: direct(server, p, gap_s, {**IDS, "stream_interval": 16}),
-            "ids": lambda p: direct(server, p, gap_s, IDS),
-            "parrot": lambda p: via_parrot(server, p, gap_s),
-            "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, 8),
+            "whole": lambda p: direct(server, p, gap_s, out, {}),
+            "whole+priority": lambda p: direct(server, p, gap_s, out, {"priority": -1}),
+            "streamed": lambda p: direct(server, p, gap_s, out, STREAMED),
+            "streamed+priority": lambda p: direct(server, p, gap_s, out, {**STREAMED, "priority": -1}),
+            "streamed, chunks of 16": lambda p: direct(server, p, gap_s, out, {**STREAMED, "stream_interval": 16}),
+            "ids, chunks of 16": lambda p: direct(server, p, gap_s, out, {**IDS, "stream_interval": 16}),
+            "ids": lambda p: direct(server, p, gap_s, out, IDS),
+            "parrot": lambda p: via_parrot(server, p, gap_s, out),
+            "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, out, 8),
         }
         if args.modes:
             unknown = set(args.modes) - set(modes)
             if unknown:
                 parser.error(f"unknown modes {sorted(unknown)}; known: {list(modes)}")
             modes = {m: modes[m] for m in args.modes}
-        asyncio.run(direct(server, prompts("paths/warm"), gap_s, {}))
+        asyncio.run(direct(server, prompts("paths/warm"), gap_s, out, {}))
         results: dict[str, list[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
             order = list(modes) if r % 2 == 0 else list(modes)[::-1]
