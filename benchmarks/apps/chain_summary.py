@@ -114,7 +114,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
                 run,
                 scaling,
                 plots_many,
-                ablations=("dag", "policy"),
+                ablations=("dag", "policy", "cap"),
             )
         )
     return out
