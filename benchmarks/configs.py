@@ -66,12 +66,11 @@ def plan_configs(
     batch cap gives on this machine, so Parrot and (a) aim at the same latency."""
     default_attention = EngineConfig().attention
 
-    def engine(cap: int | None, attention: str = default_attention, cap_unwatched: bool = False) -> EngineConfig:
+    def engine(cap: int | None, attention: str = default_attention) -> EngineConfig:
         return EngineConfig(
             model=model,
             dtype=dtype,
             latency_max_batched_tokens=cap,
-            latency_cap_unwatched=cap_unwatched,
             attention=attention,
             kv_cache_bytes=kv_cache_bytes,
             num_threads=threads,
@@ -96,14 +95,10 @@ def plan_configs(
         f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while latency-critical work decodes "
         f"({prefill} while it only prefills)"
     )
-    parrot_cap = (
-        f"engine caps a step at {LATENCY_CAP_TOKENS} tokens while streamed latency-critical work decodes "
-        f"({prefill} while it only prefills or decodes unstreamed)"
-    )
     goal = f"tpot_target_ms={tpot_target_ms:.0f}; " if target else ""
     specs = [
         ServerSpec("parrot", engine(LATENCY_CAP_TOKENS, attention), parrot_manager),
-        ServerSpec("lat", engine(LATENCY_CAP_TOKENS, cap_unwatched=True), request_manager),
+        ServerSpec("lat", engine(LATENCY_CAP_TOKENS), request_manager),
         ServerSpec("tput", engine(None), request_manager),
     ]
     configs = [
@@ -112,7 +107,7 @@ def plan_configs(
             "Parrot",
             "parrot",
             True,
-            about=f"SDK, whole DAG per submission; policy {policy!r}; {goal}{parrot_cap}; {attention} attention",
+            about=f"SDK, whole DAG per submission; policy {policy!r}; {goal}{cap}; {attention} attention",
         ),
         Config("a", "(a) latency", "lat", False, about=f"request-level client; FIFO; {cap}"),
         Config("b", "(b) throughput", "tput", False, about="request-level client; FIFO; no cap"),
@@ -142,9 +137,6 @@ def plan_configs(
         ablation("fifo", "policy", label, engine(LATENCY_CAP_TOKENS, attention), manager, about)
     else:
         unavailable.append(f"ablation: app-centric/affinity scheduling (the manager's policies: {sorted(POLICIES)})")
-    capped = engine(LATENCY_CAP_TOKENS, attention, cap_unwatched=True)
-    label, about = "Parrot w/ cap on unwatched decodes", f"latency_cap_unwatched=True: {cap}"
-    ablation("cap_unwatched", "cap", label, capped, parrot_manager, about)
     if prefix_field and attention == SHARED_PREFIX_ATTENTION:
         paged = engine(LATENCY_CAP_TOKENS, "paged")
         ablation("paged", "attention", "Parrot w/ paged attention", paged, parrot_manager, "attention='paged'")

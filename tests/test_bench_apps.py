@@ -114,12 +114,12 @@ def test_quick_scenarios_are_scaled_down_and_keep_the_paper_shapes() -> None:
     ablations = {s.key: s.ablations for s in scenarios if s.ablations}
     assert ablations == {
         "chain_summary/alone": ("dag", "early_fill"),
-        "chain_summary/many4": ("dag", "policy", "cap"),
-        "map_reduce/default": ("dag", "objective", "cap"),
+        "chain_summary/many4": ("dag", "policy"),
+        "map_reduce/default": ("dag", "objective"),
         "gpts/rate8": ("prefix", "policy"),
         "multi_agent/files4": ("prefix", "attention", "early_fill", "dag"),
         "copilot/n6": ("prefix", "attention"),
-        "mixed/default": ("objective", "policy", "cap"),
+        "mixed/default": ("objective", "policy"),
     }
     assert len(all_scenarios(QUICK, PAPER, {"gpts"})) == 3
 
@@ -158,11 +158,11 @@ def test_plan_names_what_is_not_available() -> None:
     assert "no_server_dag" in keys
     assert all(c.ablation for c in plan.configs if c.key.startswith("no_"))
     assert {c.optimization for c in plan.configs if c.ablation} <= {"dag", "early_fill", "prefix", "objective",
-                                                                    "policy", "attention", "cap"}  # fmt: skip
+                                                                    "policy", "attention"}  # fmt: skip
     assert plan_configs("smollm2-135m", "bfloat16", 2, tpot_target_ms=180.0).specs[0].manager.tpot_target_ms == 180.0
-    engines = {s.name: s.engine for s in plan.specs}  # (a) and the ablation cap unwatched decodes, Parrot not
-    assert engines["lat"].latency_max_batched_tokens is not None and engines["tput"].latency_max_batched_tokens is None
-    assert [engines[k].latency_cap_unwatched for k in ("lat", "parrot", "cap_unwatched")] == [True, False, True]
+    lat = next(s for s in plan.specs if s.name == "lat")
+    tput = next(s for s in plan.specs if s.name == "tput")
+    assert lat.engine.latency_max_batched_tokens is not None and tput.engine.latency_max_batched_tokens is None
     if plan.prefix_field is None:
         assert any("prefix sharing" in u for u in plan.unavailable)
 

@@ -114,7 +114,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
                 run,
                 scaling,
                 plots_many,
-                ablations=("dag", "policy", "cap"),
+                ablations=("dag", "policy"),
             )
         )
     return out

@@ -98,8 +98,7 @@ class Scenario:
     scaling: str  # how the paper's shape was scaled (one line)
     plots: tuple[tuple[str, str, float], ...] = ()  # (figure id, x-axis label, x value) of sweep plots
     # Optimizations worth switching off here (Parrot ablations): "dag" (server-side DAG), "early_fill",
-    # "prefix" (prefix sharing), "attention" (shared-prefix attention), "objective", "policy", "cap"
-    # (the engine's latency cap for unwatched decodes too: prompts beside latency work that decodes).
+    # "prefix" (prefix sharing), "attention" (shared-prefix attention), "objective", "policy".
     ablations: tuple[str, ...] = ()
     request_configs: bool = True  # also run the request-level baselines
 

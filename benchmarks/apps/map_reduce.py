@@ -56,11 +56,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         plots.append(("map_reduce_chunk", "chunk tokens", float(ct0)))
     out = [
         scenario(
-            "default",
-            "map-reduce summary",
-            Params(ct0, out0, scale.num_map_chunks),
-            tuple(plots),
-            ("dag", "objective", "cap"),
+            "default", "map-reduce summary", Params(ct0, out0, scale.num_map_chunks), tuple(plots), ("dag", "objective")
         )
     ]
     for out_len in scale.output_tokens[1:]:

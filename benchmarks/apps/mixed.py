@@ -71,7 +71,7 @@ def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
         run,
         scaling,
         (),
-        ("objective", "policy", "cap"),
+        ("objective", "policy"),
     )
     return [scenario]
 

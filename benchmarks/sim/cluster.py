@@ -76,11 +76,7 @@ class Cluster:
         folder = tokenizer_folder()
         cap = None if config.latency_cap else setup.max_num_batched_tokens
         n = setup.engines if num_engines is None else num_engines
-        # Request-level baselines' engines cap every latency-critical decode; Parrot's only watched ones.
-        self.engines = [
-            SimEngine(setup, folder, config.shared_prefix_attention, cap, latency_cap_unwatched=not config.parrot)
-            for _ in range(n)
-        ]
+        self.engines = [SimEngine(setup, folder, config.shared_prefix_attention, cap) for _ in range(n)]
         # Every app is submitted by one tenant ("sim"), up to 10k at the same virtual instant: the
         # per-tenant quotas and rate limit (a production manager's defaults) are lifted.
         limits = {

@@ -31,12 +31,6 @@ class EngineConfig:
     max_num_seqs: int = 128  # sequences per step
     # While latency-critical work decodes, cap the step's tokens so time per output token stays low.
     latency_max_batched_tokens: int | None = None
-    # The cap holds while a latency-critical generation someone watches decodes (its tokens
-    # streamed: GenerateRequest.watched). One whose output is read whole (a chain's step, a
-    # request without `stream`) is judged by when it ends, not by its token gaps: while only such
-    # work decodes, steps take `latency_prefill_tokens` (prefill-sized steps compute more tokens a
-    # second). True: the cap holds for those too (a latency-centric baseline's fixed cap).
-    latency_cap_unwatched: bool = False
     # While latency-critical work only prefills (none of it decodes yet), a step takes up to this
     # many tokens (at least the cap): finer chunks would only delay that work's own first token
     # (a CPU prefills ~1.5x faster in 512-token steps than in 128-token ones), and this bounds how

@@ -136,7 +136,7 @@ class LLMEngine:
             if fill is not None:  # its failure ends the generation; the Generate never forks
                 sink_ = functools.partial(self._fill_ended, jobs=jobs)
                 jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
-            job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling, watched=gen.watched)
+            job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling)
             jobs.append(job)
             begin_generation(job, self.tokenizer, grammar)
             return job.job_id

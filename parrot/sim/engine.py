@@ -55,7 +55,6 @@ class SimEngine:
         shared_prefix_attention: bool = True,
         latency_max_batched_tokens: int | None = None,
         name: str | None = None,
-        latency_cap_unwatched: bool = False,
     ) -> None:
         self.setup = setup
         self.model_folder = Path(tokenizer_folder)  # the manager's tokenizer (engine_model_folder)
@@ -73,7 +72,6 @@ class SimEngine:
                 setup.latency_prefill_tokens,
                 setup.outranked_chunk_tokens,
                 setup.remainder_share,
-                latency_cap_unwatched,
             ),
         )
         self.counters = SimCounters()
@@ -113,7 +111,7 @@ class SimEngine:
             raise ParrotError("empty context: fill it first", field="context_id")
         self._check_fits(ctx.num_tokens + max_tokens, "sampling.max_tokens")
         job = SimJob(next(self._ids), ctx, req.objective, req.priority, 0, max_tokens, fork_from=wait_for)
-        job.events, job.watched = asyncio.Queue(), req.watched
+        job.events = asyncio.Queue()
         self._enqueue(job)
         start = ctx.num_tokens
         try:

@@ -44,7 +44,6 @@ class SimJob:
     fork_from: SimContext | None = None  # a fork waiting for its parent's earlier jobs
     done: asyncio.Future[int] | None = None  # a fill's: resolved with its computed tokens
     events: asyncio.Queue[TokenEvent] | None = None  # a generation's stream
-    watched: bool = True  # a generation whose tokens someone reads as they come (GenerateRequest.watched)
 
     @property
     def decoding(self) -> bool:
@@ -94,9 +93,6 @@ class SchedulerConfig:
     # In a step without decodes, a prompt whose rest exceeds the budget by at most budget / this is
     # computed whole (within max_num_batched_tokens); None: never.
     remainder_share: int | None = None
-    # The cap holds while an unwatched latency-critical generation decodes too (the builtin engine's
-    # EngineConfig.latency_cap_unwatched: a latency-centric baseline's fixed cap); False: only watched ones.
-    latency_cap_unwatched: bool = False
 
 
 class SimScheduler:
@@ -221,12 +217,11 @@ class SimScheduler:
         return plan
 
     def _budget(self, decoding: list[SimJob]) -> int:
-        """The step's tokens: the latency cap while latency-critical work someone watches decodes
-        (any, with `latency_cap_unwatched`); while it only prefills or decodes unwatched,
-        `latency_prefill_tokens` (at least the cap); else the full budget."""
+        """The step's tokens: the latency cap while latency-critical work decodes; while it only
+        prefills, `latency_prefill_tokens` (at least the cap); else the full budget."""
         cfg = self.config
         full = cfg.max_num_batched_tokens
-        if any(j.objective is Objective.LATENCY and (j.watched or cfg.latency_cap_unwatched) for j in decoding):
+        if any(j.objective is Objective.LATENCY for j in decoding):
             return min(cfg.latency_max_batched_tokens, full)
         if cfg.latency_prefill_tokens is not None and any(
             j.objective is Objective.LATENCY and not j.aborted for j in self.jobs

@@ -88,19 +88,3 @@ def test_no_slack_in_a_step_with_a_decode() -> None:
     h.generate("d", TPUT)  # a throughput decode: the budget is 512, and the step decodes
     h.fill("p", LAT, 540)  # 539 to compute: 511 beside the decode, then the rest
     assert h.plan_tokens() == [1, 511]
-
-
-@pytest.mark.parametrize(
-    ("watched", "cap_unwatched", "expected"),
-    [(True, False, [1, 127]), (False, False, [1, 511]), (False, True, [1, 127])],
-)
-def test_an_unwatched_latency_decode_caps_the_step_only_when_configured(
-    watched: bool, cap_unwatched: bool, expected: list[int]
-) -> None:
-    """A generation read whole is judged by when it ends: prefill-sized steps while only such work
-    decodes, unless `latency_cap_unwatched` (a latency-centric baseline's fixed cap)."""
-    h = Harness(latency_max_batched_tokens=128, latency_prefill_tokens=512, latency_cap_unwatched=cap_unwatched)
-    h.computed("d", 40)
-    h.generate("d", LAT).watched = watched
-    h.fill("p", LAT, 1300)
-    assert h.plan_tokens() == expected

@@ -37,9 +37,9 @@ def test_serve_settings_defaults_then_file_then_flags(tmp_path: Path, capsys: py
         settings(capsys, "--config", str(toml))
     assert str(e.value) == (
         "configuration error: engine.engine_aging_s is not a setting; allowed keys in [engine]: aging_s, attention, "
-        "batch_invariant, block_size, cpu_kernels, dtype, kv_cache_bytes, latency_cap_unwatched, "
-        "latency_max_batched_tokens, latency_prefill_tokens, max_num_batched_tokens, max_num_seqs, model, name, "
-        "num_blocks, num_threads, outranked_chunk_tokens, policy"
+        "batch_invariant, block_size, cpu_kernels, dtype, kv_cache_bytes, latency_max_batched_tokens, "
+        "latency_prefill_tokens, max_num_batched_tokens, max_num_seqs, model, name, num_blocks, num_threads, "
+        "outranked_chunk_tokens, policy"
     )
     toml.write_text(toml.read_text().replace("engine_aging_s = 1", "aging_s = 1"))
     got = settings(capsys, "--config", str(toml), "--tpot-target-ms", "40", "--latency-prefill-tokens", "none")

@@ -195,27 +195,3 @@ def test_lower_priority_prompts_share_outranked_chunk_tokens_a_step(limit: int |
     high_t, low_t = run(main())
     assert high_t == pytest.approx(0.050, abs=1e-9)
     assert low_t == pytest.approx(low_end_s, abs=1e-9)
-
-
-@pytest.mark.parametrize(
-    ("watched", "cap_unwatched", "prompt_end_s"),
-    # Step 1: both prompts take 4 tokens each (latency work only prefilling: 8). Then "d" decodes:
-    # watched, the cap (4) leaves the prompt 3 tokens a step (steps 2-5); unwatched, it is judged
-    # by when it ends and the step takes 8 (7 for the prompt: steps 2-3), unless the engine caps
-    # unwatched decodes too (the latency-centric baseline's).
-    [(True, False, 0.050), (False, False, 0.030), (False, True, 0.050)],
-)
-def test_only_a_watched_latency_decode_caps_the_step_unless_configured(
-    watched: bool, cap_unwatched: bool, prompt_end_s: float
-) -> None:
-    async def main() -> float:
-        engine = toy_engine(budget=16, latency_max_batched_tokens=4, latency_prefill_tokens=8)
-        engine.scheduler.config.latency_cap_unwatched = cap_unwatched
-        decode = asyncio.ensure_future(collect(engine, gen("d", 4, 10, watched=watched)))
-        await asyncio.sleep(0)  # "d" is queued first
-        events, t = await collect(engine, gen("p", 16, 1))
-        assert len(events) == 1
-        assert len((await decode)[0]) == 10
-        return t
-
-    assert run(main()) == pytest.approx(prompt_end_s, abs=1e-9)

@@ -40,7 +40,6 @@ class Job:
     fork_from: str | None = None  # parent to fork from when the job starts (new context)
     token_ids: list[int] = field(default_factory=list)  # fill tokens
     sampling: SamplingParams | None = None
-    watched: bool = True  # a generation whose tokens someone reads as they come (GenerateRequest.watched)
     # progress
     started: bool = False
     target: int = 0  # fill: compute up to this many tokens

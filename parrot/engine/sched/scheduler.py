@@ -165,9 +165,8 @@ class Scheduler:
             budget.spend(n + (handoff is not None), outranked)
 
     def _token_budget(self, now: float) -> int:
-        """The step's token budget. Latency-critical work that decodes while someone watches caps
-        it (every step is one of its streamed tokens; `latency_cap_unwatched`: any latency-critical
-        decode); latency-critical work that only prefills, or decodes unwatched, gets prefill-sized steps.
+        """The step's token budget. Latency-critical work that decodes caps it (every step is one
+        of its output tokens); latency-critical work that only prefills gets prefill-sized steps.
         Shortly after tiers met (`CONTENTION_S`), steps are prefill-sized too: a better-tier request
         that arrives mid-step then interrupts a layer of a 512-token step, not of a 2,048-token one."""
         cfg = self.config
@@ -178,8 +177,7 @@ class Scheduler:
         latency = [j for j in self.running + self.waiting if j.objective == Objective.LATENCY]
         if cap is None or not latency:
             return full
-        watched = (j for j in latency if j.watched or cfg.latency_cap_unwatched)
-        if cfg.latency_prefill_tokens is not None and not any(self._decoding(j) for j in watched):
+        if cfg.latency_prefill_tokens is not None and not any(self._decoding(j) for j in latency):
             cap = max(cap, cfg.latency_prefill_tokens)
         return min(cap, full)
 
