@@ -23,8 +23,9 @@ steps above `blocks.MAX_ROWS` (40) rows on oneDNN's prepacked weights or on torc
 `rows`, steps of 41-64 rows on oneDNN or on the block kernels (their limit before: 64). E.g.
 `python -m benchmarks.kernel_ab d40 d48 d56 d64 --float32-ab rows --prompt-len 48 --rounds 6`.
 
---fused: one engine on the native kernels, by turns running each decoder layer in one native call
-(kernels.FusedDecoderLayer, the default) and the same kernels one op at a time
+--fused: one engine on the native kernels (bf16, or float32 over the block kernels), by turns
+running each decoder layer in one native call (kernels.FusedDecoderLayer, the default) and the
+same kernels one op at a time
 (`kernels.set_fused(model, False)`): what the per-op Python and ctypes overhead costs. (One
 engine, not two: in an A/A run of two engines built alike, where nothing was fused, their
 decode steps at 1-4 rows differed by 9-14%.)

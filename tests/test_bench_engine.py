@@ -13,7 +13,7 @@ from benchmarks.peers import prefill_rates
 from benchmarks.peers.parrot_engine import ParrotEngineProbe
 from parrot.engine.kernels import blocks, library
 from parrot.engine.model.loader import load_model
-from tests.engine.test_block_kernels import block_model
+from tests.engine.block_weights import block_model
 
 
 def test_a_step_reads_the_weights_in_the_dtype_and_the_kv(tiny_model_folder: Path) -> None:

@@ -14,26 +14,9 @@ import torch.nn.functional as F
 from parrot.engine.kernels import apply_batch_invariant, blocks, library, onednn
 from parrot.engine.model.layers import Linear, LMHead
 from parrot.engine.model.loader import load_model
+from tests.engine.block_weights import block_model, q4_1_weight, q8_0_weight
 
 needs_kernels = pytest.mark.skipif(library.blocks_library() is None, reason=library.blocks_status())
-
-
-def q4_1_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A float32 weight that is exactly Q4_1, made as gguf's dequantizer makes one: fp32(d * q) + m."""
-    gen = torch.Generator().manual_seed(seed)
-    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01 + 1e-4).half().float()
-    m = (-torch.rand(n, k // 32, 1, generator=gen) * 0.08).half().float()
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15  # as the quantizer makes them: the block's extremes
-    return (d * q + m).reshape(n, k)
-
-
-def q8_0_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01 + 1e-4).half().float()
-    q = torch.randint(-127, 128, (n, k // 32, 32), generator=gen).float()
-    q[..., 0] = 127
-    return (d * q).reshape(n, k)
 
 
 def test_a_q4_1_weight_is_recovered_bit_for_bit() -> None:
@@ -88,17 +71,6 @@ def test_the_kernels_multiply_by_the_same_weights_and_rows_do_not_see_each_other
     torch.testing.assert_close(blocks.block_linear(strided, enc), F.linear(strided, w), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="x has 96 features, weight expects 160"):
         blocks.block_linear(torch.zeros(1, 96), enc)
-
-
-def block_model(folder: Path) -> torch.nn.Module:
-    """The tiny model with every projection made exactly Q4_1 and the embedding exactly Q8_0."""
-    model = load_model(folder, torch.float32)
-    with torch.no_grad():
-        for i, (name, p) in enumerate(model.named_parameters()):
-            if p.dim() == 2:
-                n, k = p.shape
-                p.copy_(q8_0_weight(n, k, seed=i) if name == "embed.weight" else q4_1_weight(n, k, seed=i))
-    return model
 
 
 @needs_kernels

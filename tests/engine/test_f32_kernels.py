@@ -16,11 +16,12 @@ import torch
 from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.rowwise import RowwiseAttention
+from parrot.engine.kernels.fused import FusedDecoderLayer
 from parrot.engine.kernels.library import blocks_library, blocks_status
 from parrot.engine.kernels.pieces import NativeRMSNorm, NativeRotary, NativeSiluMul
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.model.layers import RMSNorm, SiluMul, add_rms_norm_reference, rms_norm_reference, silu_mul_reference
-from parrot.engine.model.llama import LlamaModel
+from parrot.engine.model.llama import DecoderLayer, LlamaModel
 from parrot.engine.model.loader import load_model
 from parrot.engine.model.rope import Rotary, RotaryStep, cos_sin_table, inv_freq
 
@@ -164,10 +165,10 @@ def test_silu_mul() -> None:
 def test_a_float32_model_gets_the_elementwise_pieces_and_keeps_its_logits(tiny_model_folder: Path) -> None:
     model, plain = load_model(tiny_model_folder, torch.float32), load_model(tiny_model_folder, torch.float32)
     params = dict(model.named_parameters())
-    num = sum(isinstance(m, (RMSNorm, SiluMul, Rotary)) for m in model.modules())
+    num = sum(isinstance(m, (RMSNorm, SiluMul, Rotary, DecoderLayer)) for m in model.modules())
     assert kernels.apply_elementwise(model) == num > 0
-    swapped = [m for m in model.modules() if isinstance(m, (RMSNorm, SiluMul, Rotary))]
-    assert all(type(m) in (NativeRMSNorm, NativeSiluMul, NativeRotary) for m in swapped)
+    swapped = [m for m in model.modules() if isinstance(m, (RMSNorm, SiluMul, Rotary, DecoderLayer))]
+    assert all(type(m) in (NativeRMSNorm, NativeSiluMul, NativeRotary, FusedDecoderLayer) for m in swapped)
     assert dict(model.named_parameters()) == params  # the same tensors, not copies
     assert kernels.apply_elementwise(model) == 0  # idempotent
     assert kernels.apply_elementwise(load_model(tiny_model_folder, torch.bfloat16)) == 0  # float32 only

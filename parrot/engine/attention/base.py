@@ -56,7 +56,7 @@ class PagedAttention:
         self.slot_mapping = torch.empty(0, dtype=torch.long)
         self.num_decode = 0
         self.prefills: list[PrefillMeta] = []
-        self.rows: kernels.NativeRows | None = None  # the step as data for fused layers (native_rows)
+        self.rows: kernels.NativeRows | kernels.Float32DecodeRows | None = None  # the step as data (native_rows)
         # Decode rows run on kernels.paged_decode, prefill chunks on kernels.paged_prefill (fixed for
         # the backend's life; a float32 cache decodes natively and prefills on torch).
         self.native = native and kernels.paged_decode_on(cache.k, num_heads, num_kv_heads, head_dim)
@@ -87,15 +87,26 @@ class PagedAttention:
             row += s.num_new
         self.rows = None
         per_context = type(self).forward is PagedAttention.forward and type(self).decode is PagedAttention.decode
-        if self.native_prefill and per_context and num_decode == len(seqs) and num_decode:
-            k, v = self.cache.k, self.cache.v
+        decode_only = num_decode == len(seqs) and num_decode > 0
+        k, v = self.cache.k, self.cache.v
+        if self.native_prefill and per_context and decode_only:
             self.rows = kernels.NativeRows(k, v, slot_mapping, self.decode_tables, self.decode_lens, self.scale)
+        elif decode_only and type(self).forward is PagedAttention.forward and k.dtype == torch.float32:
+            pieces = self.native_decode_pieces()
+            if pieces is not None:
+                self.rows = kernels.Float32DecodeRows(k, v, slot_mapping, pieces, self.scale)
 
-    def native_rows(self) -> kernels.NativeRows | None:
-        """This step as `kernels.NativeRows` when `forward` would write the rows' K/V to their slots
-        and attend every row through `kernels.paged_decode` (then a fused layer may run both itself,
-        bit for bit), else None. Here: native decode of decode rows only, per context."""
+    def native_rows(self) -> kernels.NativeRows | kernels.Float32DecodeRows | None:
+        """This step as data when `forward` would write the rows' K/V to their slots and attend
+        every row on a native kernel (then a fused layer may run both itself, bit for bit), else
+        None: `kernels.NativeRows` for a bf16 cache's per-context decode (`kernels.paged_decode`),
+        `kernels.Float32DecodeRows` for a float32 cache's decode on its cascade kernel."""
         return self.rows
+
+    def native_decode_pieces(self) -> kernels.CascadePieces | None:
+        """The pieces `decode` attends this step's decode rows over on the float32 cascade kernel
+        (`kernels.cascade_decode`), or None where it takes another path."""
+        return self.decode_pieces
 
     def prepare_decode(self, seqs: list[SeqSpec]) -> None:
         self.decode_pieces = None

@@ -89,6 +89,11 @@ class SharedPrefixAttention(PagedAttention):
             plan, self.cache.block_size, self.num_kv_heads, self.head_dim, self.cache.k.dtype
         )
 
+    def native_decode_pieces(self) -> kernels.CascadePieces | None:
+        if self.pieces is not None:
+            return self.pieces
+        return None if self.cascade is not None else super().native_decode_pieces()
+
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if self.pieces is not None:
             return kernels.cascade_decode(q, self.cache.k[layer], self.cache.v[layer], self.pieces, self.scale)

@@ -12,7 +12,8 @@ in the process.
 - decode.py: attention over the paged KV cache, read in place: decode (per context and
   shared-prefix cascade) and the causal prefill of a chunk;
 - pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
-- fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows;
+- fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows
+  (fused_f32.py: a float32 model's decode steps on block_kernels.c);
 - transform.py: `apply_native`, which swaps them in (`apply_elementwise`: a float32 model's
   RMSNorm, SiLU*up and rotary on the AVX2 kernels);
 - invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count;
@@ -34,6 +35,7 @@ from parrot.engine.kernels.decode import (
     paged_prefill_on,
 )
 from parrot.engine.kernels.fused import FusedDecoderLayer, NativeRows, set_fused
+from parrot.engine.kernels.fused_f32 import Float32DecodeRows
 from parrot.engine.kernels.invariant import apply_batch_invariant
 from parrot.engine.kernels.library import SIGNATURES, amx_available, available, cpu_supports_bf16_dot, load, status
 from parrot.engine.kernels.ops import (
@@ -60,6 +62,7 @@ __all__ = [
     "BlockLinear",
     "BlocksReport",
     "CascadePieces",
+    "Float32DecodeRows",
     "FusedDecoderLayer",
     "NativeReport",
     "NativeRotaryStep",

@@ -478,3 +478,65 @@ void parrot_silu_mul_f32(const float* gu, float* out, int64_t N, int64_t I, int 
         }
     }
 }
+
+/* ---- A whole decoder layer of a decode step in one call (fused_f32.py) ---------------------------
+ * The per-op float32 path's kernels in its order, with its buffers' layouts, so the outputs are
+ * its bits: qkv = h @ Wqkv (+ bias); RoPE on the q and k heads in place; the rows' K and V copied
+ * to their cache slots; attention on the cascade kernel over the step's pieces; x' = x + attn @ Wo,
+ * h' = norm(x'); x'' = x' + down(silu(gate) * up); h'' = next_norm(x''). Saves the ~10 Python and
+ * ctypes calls and the tensor allocations per layer of the per-op path. */
+enum { FL_QKV = 0, FL_O = 4, FL_GATE_UP = 8, FL_DOWN = 12, FL_POST_NORM = 16 };  /* layer: kind, qs, scales, bias */
+enum {
+    FS_N, FS_HIDDEN, FS_HQ, FS_HKV, FS_D, FS_INTER, FS_SLOTS, FS_POSITIONS, FS_COS, FS_SIN, FS_K, FS_V,
+    FS_LAYER_STRIDE, FS_BS, FS_PIECES, FS_BLOCK_PTR, FS_BLOCKS, FS_LENS, FS_ROW_PTR, FS_ROWS, FS_SLOT_PTR,
+    FS_ROW_SLOTS, FS_SCRATCH, FS_THREADS
+};
+
+static void block_linear_kind(const int64_t* lin, const float* x, int64_t ldx, float* y, int64_t M, int64_t N,
+                              int64_t K, int threads) {
+    const float* bias = (const float*)lin[3];
+    if (lin[0] == 0) parrot_linear_q4_1(x, ldx, (const uint8_t*)lin[1], (const float*)lin[2], bias, y, M, N, K, threads);
+    else parrot_linear_q8_0(x, ldx, (const int8_t*)lin[1], (const float*)lin[2], bias, y, M, N, K, threads);
+}
+
+/* layer: int64 [20] (FL_*: each linear's kind (0 Q4_1, 1 Q8_0), codes, scales, bias or 0; then the
+ * post-attention norm's weight); step: int64 [FS_*] (scratch: n * (W + Hq*D + 3*hidden + 3*inter)
+ * floats, W = (Hq + 2 Hkv) * D). Returns 0, or the attention's failed work items (out of memory). */
+int64_t parrot_decoder_layer_f32(const int64_t* layer, const int64_t* step, int64_t idx, const float* x,
+                                 const float* h, const float* next_w, float* x_out, float* h_out, float eps1,
+                                 float eps2, float scale) {
+    const int64_t n = step[FS_N], hidden = step[FS_HIDDEN], Hq = step[FS_HQ], Hkv = step[FS_HKV], D = step[FS_D];
+    const int64_t inter = step[FS_INTER], W = (Hq + 2 * Hkv) * D;
+    const int threads = (int)step[FS_THREADS];
+    float* qkv = (float*)step[FS_SCRATCH];
+    float* attn = qkv + n * W;
+    float* delta = attn + n * Hq * D;
+    float* mid = delta + n * hidden;
+    float* normed = mid + n * hidden;
+    float* gu = normed + n * hidden;
+    float* act = gu + n * 2 * inter;
+    block_linear_kind(layer + FL_QKV, h, hidden, qkv, n, W, hidden, threads);
+    parrot_rope_f32(qkv, W, n, Hq + Hkv, D, (const float*)step[FS_COS], (const float*)step[FS_SIN],
+                    (const int64_t*)step[FS_POSITIONS], threads);
+    float* kc = (float*)step[FS_K] + idx * step[FS_LAYER_STRIDE];
+    float* vc = (float*)step[FS_V] + idx * step[FS_LAYER_STRIDE];
+    const int64_t* slots = (const int64_t*)step[FS_SLOTS];
+    const int64_t kv = Hkv * D;
+    for (int64_t r = 0; r < n; r++) {
+        const float* src = qkv + r * W + Hq * D;
+        for (int64_t c = 0; c < kv; c++) kc[slots[r] * kv + c] = src[c], vc[slots[r] * kv + c] = src[kv + c];
+    }
+    const int64_t failed = parrot_cascade_decode_f32(
+        qkv, W, kc, vc, step[FS_PIECES], (const int64_t*)step[FS_BLOCK_PTR], (const int64_t*)step[FS_BLOCKS],
+        (const int64_t*)step[FS_LENS], (const int64_t*)step[FS_ROW_PTR], (const int64_t*)step[FS_ROWS],
+        (const int64_t*)step[FS_SLOT_PTR], (const int64_t*)step[FS_ROW_SLOTS], attn, n, Hq, Hkv, D, step[FS_BS],
+        scale, threads);
+    if (failed) return failed;
+    block_linear_kind(layer + FL_O, attn, Hq * D, delta, n, hidden, Hq * D, threads);
+    parrot_rmsnorm_f32(x, delta, mid, (const float*)layer[FL_POST_NORM], normed, n, hidden, eps1, threads);
+    block_linear_kind(layer + FL_GATE_UP, normed, hidden, gu, n, 2 * inter, hidden, threads);
+    parrot_silu_mul_f32(gu, act, n, inter, threads);
+    block_linear_kind(layer + FL_DOWN, act, inter, delta, n, hidden, inter, threads);
+    parrot_rmsnorm_f32(mid, delta, x_out, next_w, h_out, n, hidden, eps2, threads);
+    return 0;
+}

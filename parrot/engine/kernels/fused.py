@@ -13,9 +13,10 @@ through the native paged kernels (`NativeRows`, which the attention backend retu
 `native_rows()`: the rowwise backend always, its prefill chunks on `paged_prefill`; the paged
 backend for steps of decode rows only),
 with the linears on one kernel: the batch-invariant VNNI kernel at any row count, or the dot
-kernel at up to DOT_MAX_ROWS rows. Anything else (float32, torch pieces, prefill chunks on the
-paged backend, the shared-prefix cascade, AMX or oneDNN row counts, odd shapes, autograd) runs
-the layer's per-op path. `set_fused(model, False)` turns a model's fused layers off (A/B runs).
+kernel at up to DOT_MAX_ROWS rows (a float32 model's decode steps: fused_f32.py). Anything else
+(torch pieces, prefill chunks on the paged backend, the shared-prefix cascade, AMX or oneDNN row
+counts, odd shapes, autograd) runs the layer's per-op path. `set_fused(model, False)` turns a
+model's fused layers off (A/B runs).
 
 Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
 and two output buffers from the first layer of a forward pass to its last (layer i's outputs are
@@ -33,6 +34,7 @@ from torch import nn
 
 from parrot.engine.kernels import library, ops
 from parrot.engine.kernels.decode import paged_decode_supported
+from parrot.engine.kernels.fused_f32 import Float32DecodeRows, Float32Layer
 from parrot.engine.kernels.pieces import NativeLinear, NativeRMSNorm, NativeSiluMul
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.layers import RMSNorm
@@ -172,6 +174,7 @@ class FusedDecoderLayer(DecoderLayer):
         super().__init__(cfg)
         self.fused = True  # False: always the per-op path (set_fused)
         self.step = FusedStep()  # replaced by the model's shared one in `share_steps`
+        self.f32 = Float32Layer()  # a float32 model's decode steps (fused_f32.py)
         self.layer_key: tuple[object, ...] | None = None
         self.layer_desc: torch.Tensor | None = None
         self.layer_tensors: list[torch.Tensor] = []  # what layer_desc and norm_ptrs point into, kept alive
@@ -198,11 +201,15 @@ class FusedDecoderLayer(DecoderLayer):
         """The layer in one native call, or None where it does not take this step. (Runs once per
         layer per step: module attributes are read from `_modules` / `_parameters`, not through
         nn.Module.__getattr__, which costs a microsecond each.)"""
-        lib = library.load()
         native_rows = getattr(getattr(attend, "__self__", None), "native_rows", None)
-        if lib is None or native_rows is None or torch.is_grad_enabled():
+        if native_rows is None or torch.is_grad_enabled():
             return None
         rows = native_rows()
+        if isinstance(rows, Float32DecodeRows):
+            return self.f32.run(self, idx, x, h, rotary, rows, next_norm)
+        lib = library.load()
+        if lib is None:
+            return None
         n, hidden = x.shape[0], self.cfg.hidden_size
         layer = self._layer_desc(n, next_norm) if isinstance(rows, NativeRows) else None
         if layer is None or not (_bf16(x, n, hidden) and _bf16(h, n, hidden)):
@@ -271,9 +278,9 @@ def share_steps(model: nn.Module) -> int:
     """Give a model's fused layers one `FusedStep` (the first layer of a step builds it, the others
     reuse it); returns how many layers share it."""
     layers = [m for m in model.modules() if isinstance(m, FusedDecoderLayer)]
-    step = FusedStep()
+    step, step_f32 = FusedStep(), Float32Layer().step
     for layer in layers:
-        layer.step = step
+        layer.step, layer.f32.step = step, step_f32
     return len(layers)
 
 

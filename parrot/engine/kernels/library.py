@@ -63,6 +63,8 @@ BLOCKS_SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_rmsnorm_f32": SIGNATURES["parrot_rmsnorm"],
     "parrot_rope_f32": SIGNATURES["parrot_rope"],
     "parrot_silu_mul_f32": SIGNATURES["parrot_silu_mul"],
+    # One float32 decoder layer of a decode step (fused_f32.py), with the bf16 one's arguments.
+    "parrot_decoder_layer_f32": SIGNATURES["parrot_decoder_layer"],
 }
 
 

@@ -34,7 +34,10 @@ NATIVE_PIECES: dict[type[nn.Module], type] = {
     DecoderLayer: FusedDecoderLayer,
 }
 # The pieces whose native versions also take float32 (block_kernels.c, AVX2): `apply_elementwise`.
-ELEMENTWISE_PIECES: dict[type[nn.Module], type] = {t: NATIVE_PIECES[t] for t in (RMSNorm, SiluMul, Rotary)}
+# Its decoder layers too: a fused layer runs a float32 decode step in one call (fused_f32.py).
+ELEMENTWISE_PIECES: dict[type[nn.Module], type] = {
+    t: NATIVE_PIECES[t] for t in (RMSNorm, SiluMul, Rotary, DecoderLayer)
+}
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,14 @@ def apply_native(model: nn.Module) -> NativeReport:
 
 
 def apply_elementwise(model: nn.Module) -> int:
-    """Swap a float32 model's RMSNorms, SiLU*up and rotary for their native pieces, in place, where
-    the AVX2 library is built (their float32 kernels); returns how many were swapped (0: none)."""
+    """Swap a float32 model's RMSNorms, SiLU*up and rotary for their native pieces and its decoder
+    layers for fused ones, in place, where the AVX2 library is built (their float32 kernels);
+    returns how many were swapped (0: none)."""
     if {p.dtype for p in model.parameters()} != {torch.float32} or library.blocks_library() is None:
         return 0
-    return _swap(model, ELEMENTWISE_PIECES)
+    num_replaced = _swap(model, ELEMENTWISE_PIECES)
+    share_steps(model)
+    return num_replaced
 
 
 def _swap(model: nn.Module, table: dict[type[nn.Module], type]) -> int:
