@@ -129,6 +129,10 @@ class CascadePieces:
         slot_ptr, slots = csr(per_row)
         return cls(block_ptr, blocks, lens, row_ptr, rows, slot_ptr, slots)
 
+    def arrays(self) -> tuple[torch.Tensor, ...]:
+        """The int64 arrays in the order the cascade kernels take them."""
+        return (self.block_ptr, self.blocks, self.lens, self.row_ptr, self.rows, self.slot_ptr, self.slots)
+
     @classmethod
     def per_context(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> CascadePieces:
         """Each row's whole KV as its one piece: block_tables [B, max_blocks], seq_lens [B] (int64)."""
@@ -148,8 +152,7 @@ def cascade_decode(
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
     p = pieces
     head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr())
-    csr = (p.block_ptr, p.blocks, p.lens, p.row_ptr, p.rows, p.slot_ptr, p.slots)
-    args = (p.lens.numel(), *(t.data_ptr() for t in csr))
+    args = (p.lens.numel(), *(t.data_ptr() for t in p.arrays()))
     kernel = lib.parrot_cascade_decode if q.dtype == torch.bfloat16 else lib.parrot_cascade_decode_f32
     failed = kernel(*head, *args, *_decode_shape(out, q, k_cache, scale))
     if failed:

@@ -91,8 +91,7 @@ class Float32Step:
         fields = [n, hidden, hq, hkv, d, inter, rows.slot_mapping.data_ptr(), rotary.positions.data_ptr()]
         fields += [rotary.cos_table.data_ptr(), rotary.sin_table.data_ptr(), k.data_ptr(), rows.v_cache.data_ptr()]
         fields += [k[0].numel(), k.shape[2], p.lens.numel()]
-        csr = (p.block_ptr, p.blocks, p.lens, p.row_ptr, p.rows, p.slot_ptr, p.slots)
-        fields += [t.data_ptr() for t in csr] + [scratch.data_ptr(), torch.get_num_threads()]
+        fields += [t.data_ptr() for t in p.arrays()] + [scratch.data_ptr(), torch.get_num_threads()]
         self.held = [scratch, outs]
         self.desc = torch.tensor(fields, dtype=torch.int64)
         return self.desc
@@ -124,7 +123,7 @@ class Float32Step:
             and cos.shape[1] == d
             and _f32(sin, *cos.shape)
             and p.slot_ptr.numel() == n + 1
-            and all(t.dtype == torch.int64 and t.is_contiguous() for t in (p.block_ptr, p.blocks, p.lens, p.rows))
+            and all(t.dtype == torch.int64 and t.is_contiguous() for t in p.arrays())
         )
 
 
