@@ -33,7 +33,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,7 +61,9 @@ from benchmarks.servers import (
     server_spec,
     session_factory,
 )
+from benchmarks.step_kinds import summarize
 from parrot.engine.config import resolve_dtype
+from parrot.engine.llm_engine import LLMEngine
 from parrot.launch import OpenAIUpstream
 from parrot.text import Tokenizer
 
@@ -121,6 +123,13 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     )
     await settle(ctx)
     monitor = KvMonitor(server).start() if server else None
+    # A builtin engine in this process: its steps, summed by kind (step_kinds.py), go in the record,
+    # so the simulator's CPU costs can be fitted from the very runs they are checked against.
+    traced = getattr(getattr(server, "engine", None), "engine", None)
+    if not isinstance(traced, LLMEngine):
+        traced = None
+    else:
+        traced.start_trace()
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     cost = await RunCost(ctx.vllm_url if config.server in ("vllm", "parrot_vllm") else None).start()
     started = time.perf_counter()
@@ -155,6 +164,8 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
                 record["latency_cap"] = [min(monitor.latency_caps), monitor.latency_caps[-1]]
             if server.kv_reported:
                 record["peak_kv_tokens"] = monitor.peak_kv_tokens
+            if traced is not None:
+                record["steps"] = {k: asdict(v) for k, v in summarize(traced.stop_trace()).items()}
         elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
             record |= {
                 "generated_tokens": usage["completion_tokens"],

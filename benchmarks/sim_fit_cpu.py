@@ -3,7 +3,10 @@
     python -m benchmarks.sim_fit_cpu
 
 Reads bench_results/profile/step_profile.json (`python -m benchmarks.step_profile`: per run, the
-engine steps of each kind with their time, decode rows and prefill tokens), fits
+engine steps of each kind with their time, decode rows and prefill tokens), or an application
+benchmark's results.json (`--profile bench_results/apps.../results.json`: `benchmarks.run` keeps
+the same per-kind sums of each builtin-engine run; the runs of `--workloads` are read, so the fit
+and the `benchmarks.sim_cpu` check against that table share the machine's state), fits
 `time = steps x a + prefill tokens x b + decode rows x c` by least squares over every (run, kind)
 group, and prints the fit and its error, then the fit as a hardware profile for the cost model
 (`--model`: the model profile whose weights a step reads, e.g. `smollm2-135m-fp32` for a float32
@@ -19,12 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from parrot.sim import profiles
 
 PROFILE = Path("bench_results/profile/step_profile.json")
+# From an application benchmark's results: the workloads the fit reads (the step profile's); the
+# others (4 chains, multi-agent, copilot, mixed) are checked by `benchmarks.sim_cpu` held out.
+FIT_WORKLOADS = ("chain_summary", "map_reduce", "gpts")
 
 
 def main() -> None:
@@ -33,10 +40,16 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="model profile (models.toml) the engine ran")
     parser.add_argument("--bandwidth-gbps", type=float, default=20.0, help="weights streamed once a step at this")
     parser.add_argument("--name", default="cpu-2core")
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(FIT_WORKLOADS),
+        help="from an application benchmark's results: the workloads fitted from (the rest stay held out)",
+    )
     args = parser.parse_args()
     rows, times = [], []
-    for run in json.loads(args.profile.read_text()):
-        for kind in run["kinds"].values():
+    for run in step_groups(json.loads(args.profile.read_text()), set(args.workloads)):
+        for kind in run.values():
             if kind["steps"]:
                 rows.append([kind["steps"], kind["prefill_tokens"], kind["decode_rows"]])
                 times.append(kind["seconds"])
@@ -48,6 +61,19 @@ def main() -> None:
     print(f"per step {step_ms:.1f} ms, per prefill token {prefill_ms:.3f} ms, per decode row {decode_ms:.2f} ms")
     print(f"mean absolute error over the groups' time: {error:.1%}")
     print(profile_toml(args.name, profiles.model(args.model), step_ms, prefill_ms, decode_ms, args.bandwidth_gbps))
+
+
+def step_groups(data: Any, workloads: set[str]) -> list[dict[str, dict[str, Any]]]:
+    """Each run's steps by kind: a step profile's runs (all of them), or an application benchmark's
+    builtin-engine runs (`benchmarks.run` records with `steps`) of `workloads` (scenario keys
+    start with the workload: `gpts/rate2`)."""
+    if isinstance(data, list):
+        return [run["kinds"] for run in data]
+    return [
+        r["steps"]
+        for r in data["records"]
+        if "steps" in r and "error" not in r and r["scenario"].split("/")[0] in workloads
+    ]
 
 
 def profile_toml(

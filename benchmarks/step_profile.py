@@ -25,7 +25,7 @@ import contextlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,39 +38,12 @@ from benchmarks.kernel_ab import StepTimer
 from benchmarks.netsim import RttModel
 from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
+from benchmarks.step_kinds import KINDS, kind_of, summarize
 from parrot.engine.config import resolve_dtype
 from parrot.engine.trace import StepRecord
 from parrot.text import Tokenizer
 
 OUT = Path("bench_results/profile")
-KINDS = ("decode", "prefill", "mixed")
-
-
-@dataclass
-class KindSummary:
-    steps: int = 0
-    seconds: float = 0.0
-    decode_rows: int = 0
-    prefill_tokens: int = 0
-
-    def add(self, r: StepRecord) -> None:
-        self.steps += 1
-        self.seconds += r.elapsed_s
-        self.decode_rows += r.num_decode
-        self.prefill_tokens += r.num_prefill_tokens
-
-
-def kind_of(r: StepRecord) -> str:
-    if r.num_decode and r.num_prefill_tokens:
-        return "mixed"
-    return "decode" if r.num_decode else "prefill"
-
-
-def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
-    out = {k: KindSummary() for k in KINDS}
-    for r in trace:
-        out[kind_of(r)].add(r)
-    return out
 
 
 def decode_batches(trace: list[StepRecord], min_steps: int) -> dict[int, list[StepRecord]]:

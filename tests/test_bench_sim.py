@@ -18,7 +18,7 @@ from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref
 from benchmarks.sim.suite import GPTS_THRESHOLD_MS, Comparison, Result, points
 from benchmarks.sim.words import Words
 from benchmarks.sim.workloads import run_gpts, template_call
-from benchmarks.sim_fit_cpu import profile_toml
+from benchmarks.sim_fit_cpu import profile_toml, step_groups
 from benchmarks.sim_paper import difference, ratio_of, sustainable_rate
 from parrot.protocol.template import escape_text
 from parrot.sim import profiles
@@ -119,6 +119,18 @@ def test_the_cpu_fit_becomes_the_cost_models_terms() -> None:
     # A step faster than its weights at that bandwidth: the bandwidth is lowered, no overhead left.
     fp32 = profile_toml("x", profiles.model("smollm2-135m-fp32"), 20.0, 2.0, 3.0, 20.0)
     assert "step_overhead_ms = 0.00" in fp32 and "mem_bw_gbps = 26.9" in fp32
+
+
+def test_the_fit_reads_a_step_profile_or_an_application_benchmarks_builtin_runs() -> None:
+    kinds = {"decode": {"steps": 3, "seconds": 0.1, "decode_rows": 3, "prefill_tokens": 0}}
+    assert step_groups([{"scenario": "chain_summary/alone", "kinds": kinds}], set()) == [kinds]
+    records = [
+        {"scenario": "gpts/rate2", "config": "parrot", "steps": kinds},
+        {"scenario": "gpts/rate4", "config": "a", "steps": kinds, "error": "TimeoutError: "},  # failed: left out
+        {"scenario": "copilot/n6", "config": "parrot", "steps": kinds},  # held out
+        {"scenario": "gpts/rate2", "config": "d", "metrics": {}},  # vLLM: no builtin engine steps
+    ]
+    assert step_groups({"records": records}, {"gpts", "map_reduce"}) == [kinds]
 
 
 def test_a_gpts_sweep_stops_a_configuration_past_its_limit_and_others_do_not() -> None:

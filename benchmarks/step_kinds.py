@@ -1,0 +1,39 @@
+"""An engine step trace (`LLMEngine.start_trace`) summed by kind of step: decode-only, prefill-only
+and mixed, each with its steps, time, decode rows and prefill tokens. `benchmarks.step_profile`
+prints these; `benchmarks.run` keeps them in each builtin-engine run's record (`steps`), and
+`benchmarks.sim_fit_cpu` fits the simulator's CPU step costs from either."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parrot.engine.trace import StepRecord
+
+KINDS = ("decode", "prefill", "mixed")
+
+
+@dataclass
+class KindSummary:
+    steps: int = 0
+    seconds: float = 0.0
+    decode_rows: int = 0
+    prefill_tokens: int = 0
+
+    def add(self, r: StepRecord) -> None:
+        self.steps += 1
+        self.seconds += r.elapsed_s
+        self.decode_rows += r.num_decode
+        self.prefill_tokens += r.num_prefill_tokens
+
+
+def kind_of(r: StepRecord) -> str:
+    if r.num_decode and r.num_prefill_tokens:
+        return "mixed"
+    return "decode" if r.num_decode else "prefill"
+
+
+def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
+    out = {k: KindSummary() for k in KINDS}
+    for r in trace:
+        out[kind_of(r)].add(r)
+    return out
