@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from parrot.engine import kernels, sync_client
+from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.rowwise import RowwiseAttention
 from parrot.engine.config import EngineConfig
@@ -20,8 +20,8 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.layers import Linear
 from parrot.engine.model.llama import LlamaModel
-from parrot.engine.model.loader import load_model, write_tiny_model
-from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+from parrot.engine.model.loader import load_model
+from tests.engine.fused_support import Counted, count_calls, tokens_fused_or_not, write_tiny32
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no AVX512-BF16 CPU or no C compiler")
 BLOCK = 16
@@ -29,28 +29,12 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory, default_model_folder: Path) -> Path:
-    """A tiny model whose every piece the kernels take (head_dim 32), 3 layers, GQA 2:1."""
-    path = tmp_path_factory.mktemp("models") / "tiny32"
-    return write_tiny_model(path, default_model_folder, seed=3, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32)
-
-
-class Counted:
-    """parrot_decoder_layer, counting its calls."""
-
-    def __init__(self, fn: object) -> None:
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args: object) -> int:
-        self.calls += 1
-        return self.fn(*args)  # type: ignore[operator]
+    return write_tiny32(tmp_path_factory, default_model_folder)
 
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Counted:
-    lib = library.load()
-    counter = Counted(lib.parrot_decoder_layer)
-    monkeypatch.setattr(lib, "parrot_decoder_layer", counter)
-    return counter
+    return count_calls(monkeypatch, library.load(), "parrot_decoder_layer")
 
 
 def native_model(folder: Path, invariant: bool, qkv_bias: bool = False) -> LlamaModel:
@@ -146,20 +130,5 @@ def test_torch_pieces_and_autograd_take_the_per_op_path(folder: Path, counted: C
 def test_an_engine_gives_the_same_tokens_and_logprobs_fused_or_not(folder: Path, counted: Counted) -> None:
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16"))  # batch-invariant by default here
     assert engine.batch_invariant
-    engine.start()
-    try:
-        results = {}
-        for on in (True, False):
-            kernels.set_fused(engine.model, on)
-            sampling = SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0, seed=7)
-            events = []
-            for i in range(3):
-                cid = f"{on}-{i}"
-                sync_client.fill(engine, FillRequest(context_id=cid, token_ids=list(range(100 + i, 130 + 7 * i))))
-                events.append(sync_client.generate(engine, GenerateRequest(context_id=cid, sampling=sampling)))
-            results[on] = [([e.token_id for e in ev], [e.logprob for e in ev]) for ev in events]
-            if on:
-                assert counted.calls > 0
-    finally:
-        engine.stop()
+    results = tokens_fused_or_not(engine, counted)
     assert results[True] == results[False]

@@ -34,7 +34,7 @@ from torch import nn
 
 from parrot.engine.kernels import library, ops
 from parrot.engine.kernels.decode import paged_decode_supported
-from parrot.engine.kernels.fused_f32 import Float32DecodeRows, Float32Layer
+from parrot.engine.kernels.fused_f32 import Float32DecodeRows, Float32Layer, layer_buffers
 from parrot.engine.kernels.pieces import NativeLinear, NativeRMSNorm, NativeSiluMul
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.layers import RMSNorm
@@ -106,10 +106,8 @@ class FusedStep:
             cfg.hidden_size,
             cfg.intermediate_size,
         )
-        width = (hq + 2 * hkv) * d
         # qkv, attention, residual, normed, gate/up, act, delta (the order parrot_decoder_layer reads)
-        self.scratch = torch.empty(n * (width + hq * d + 3 * hidden + 3 * inter), dtype=torch.bfloat16)
-        outs = torch.empty(2, 2, n, hidden, dtype=torch.bfloat16)
+        self.scratch, outs = layer_buffers(cfg, n, torch.bfloat16)
         self.outs = [(outs[i, 0], outs[i, 1]) for i in range(2)]
         self.out_ptrs = [(x.data_ptr(), h.data_ptr()) for x, h in self.outs]
         k = rows.k_cache

@@ -58,6 +58,17 @@ def _f32(t: torch.Tensor | None, *shape: int) -> bool:
     )
 
 
+def layer_buffers(cfg: ModelConfig, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both fused layers' scratch for a step of n rows (room for qkv, attention, three hidden-size
+    rows (residual, normed, delta), gate/up and act: n * (W + Hq*D + 3 hidden + 3 inter), W =
+    (Hq + 2 Hkv) * D; each C layer lays them out in its own order) and their two output buffers
+    [2, 2, n, hidden] (layer i writes [i % 2])."""
+    hq, d, hidden = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+    width = (hq + 2 * cfg.num_kv_heads) * d
+    scratch = torch.empty(n * (width + hq * d + 3 * hidden + 3 * cfg.intermediate_size), dtype=dtype)
+    return scratch, torch.empty(2, 2, n, hidden, dtype=dtype)
+
+
 class Float32Step:
     """The step descriptor (`FS_*` of block_kernels.c) and buffers, shared by a model's layers."""
 
@@ -75,16 +86,9 @@ class Float32Step:
         self.key = (rotary, rows)
         if not self._takes(cfg, rotary, rows, n):
             return None
-        hq, hkv, d, hidden, inter = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.hidden_size,
-            cfg.intermediate_size,
-        )
-        width = (hq + 2 * hkv) * d
-        scratch = torch.empty(n * (width + hq * d + 3 * hidden + 3 * inter), dtype=torch.float32)
-        outs = torch.empty(2, 2, n, hidden, dtype=torch.float32)
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        hidden, inter = cfg.hidden_size, cfg.intermediate_size
+        scratch, outs = layer_buffers(cfg, n, torch.float32)
         self.outs = [(outs[i, 0], outs[i, 1]) for i in range(2)]
         self.out_ptrs = [(x.data_ptr(), h.data_ptr()) for x, h in self.outs]
         p, k = rows.pieces, rows.k_cache
