@@ -33,10 +33,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from benchmarks import step_kinds
 from benchmarks.apps import all_scenarios
 from benchmarks.apps.common import Corpus, Scenario, Target
 from benchmarks.baselines import Networked, RequestClient
@@ -61,9 +62,7 @@ from benchmarks.servers import (
     server_spec,
     session_factory,
 )
-from benchmarks.step_kinds import summarize
 from parrot.engine.config import resolve_dtype
-from parrot.engine.llm_engine import LLMEngine
 from parrot.launch import OpenAIUpstream
 from parrot.text import Tokenizer
 
@@ -123,13 +122,7 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     )
     await settle(ctx)
     monitor = KvMonitor(server).start() if server else None
-    # A builtin engine in this process: its steps, summed by kind (step_kinds.py), go in the record,
-    # so the simulator's CPU costs can be fitted from the very runs they are checked against.
-    traced = getattr(getattr(server, "engine", None), "engine", None)
-    if not isinstance(traced, LLMEngine):
-        traced = None
-    else:
-        traced.start_trace()
+    traced = step_kinds.start(server)  # a builtin engine here: its steps by kind go in the record (sim fit)
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     cost = await RunCost(ctx.vllm_url if config.server in ("vllm", "parrot_vllm") else None).start()
     started = time.perf_counter()
@@ -165,7 +158,7 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
             if server.kv_reported:
                 record["peak_kv_tokens"] = monitor.peak_kv_tokens
             if traced is not None:
-                record["steps"] = {k: asdict(v) for k, v in summarize(traced.stop_trace()).items()}
+                record["steps"] = step_kinds.stop(traced)
         elif (usage := getattr(client.inner, "usage", None)) is not None:  # a peer: what its API reported
             record |= {
                 "generated_tokens": usage["completion_tokens"],

@@ -5,8 +5,10 @@ prints these; `benchmarks.run` keeps them in each builtin-engine run's record (`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.trace import StepRecord
 
 KINDS = ("decode", "prefill", "mixed")
@@ -37,3 +39,18 @@ def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
     for r in trace:
         out[kind_of(r)].add(r)
     return out
+
+
+def start(server: Any) -> LLMEngine | None:
+    """The builtin engine a benchmark server runs in this process (`LocalServer.engine.engine`),
+    its step trace started; None for any other server."""
+    engine = getattr(getattr(server, "engine", None), "engine", None)
+    if not isinstance(engine, LLMEngine):
+        return None
+    engine.start_trace()
+    return engine
+
+
+def stop(engine: LLMEngine) -> dict[str, dict[str, Any]]:
+    """The steps traced since `start`, by kind (JSON-ready); the trace stops."""
+    return {k: asdict(v) for k, v in summarize(engine.stop_trace()).items()}
