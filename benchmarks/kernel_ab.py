@@ -8,7 +8,8 @@ and sampling), one without.
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
 `LLMEngine.step()` (the engine's loop thread stopped) so that only the step itself is timed; pN: a
 prompt of N tokens to its first token (fill + generate submitted together, the loop thread
-running). Each case runs `--rounds` rounds (3); each round times both engines, in alternating
+running); pKxN: K prompts of N tokens submitted at once, to the last one's first token.
+Each case runs `--rounds` rounds (3); each round times both engines, in alternating
 order, and the best of each is reported (and, with more than 3 rounds, the median: on a loaded
 machine the best is luck). Only the engine being timed works; the other waits idle.
 
@@ -87,14 +88,21 @@ class StepTimer:
             eng.free_context(FreeContextRequest(context_id=c))
         return elapsed * 1000
 
-    def prefill_ms(self, n: int) -> float:
-        cid = f"p{next(self.ids)}"
+    def prefill_ms(self, n: int, count: int = 1) -> float:
+        """`count` prompts of n tokens submitted at once, to the last one's first token."""
+        cids = [f"p{next(self.ids)}" for _ in range(count)]
+        prompts = [self.prompt(n) for _ in cids]
         t0 = time.perf_counter()
-        sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=self.prompt(n)))
-        req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
-        sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
+        waits = []
+        for cid, prompt in zip(cids, prompts, strict=True):
+            sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=prompt))
+            req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
+            waits.append(sync_client.submit_generate(self.engine, req))
+        for w in waits:
+            sync_client.wait_generate(w)
         elapsed = time.perf_counter() - t0
-        self.engine.free_context(FreeContextRequest(context_id=cid))
+        for cid in cids:
+            self.engine.free_context(FreeContextRequest(context_id=cid))
         return elapsed * 1000
 
 
@@ -158,7 +166,7 @@ def main() -> None:
         engine.start()
     try:
         for case in a.cases:
-            kind, n = case[0], int(case[1:])
+            kind, (count, n) = case[0], (int(x) for x in case[1:].split("x")) if "x" in case else (1, int(case[1:]))
             times: dict[bool, list[float]] = {True: [], False: []}
             for round_idx in range(a.rounds):
                 for native in (True, False) if round_idx % 2 == 0 else (False, True):
@@ -169,11 +177,11 @@ def main() -> None:
                         timer.engine.runner.backend = backends[native]
                     if switch is not None:
                         switch(native)
-                    times[native].append(timer.decode_ms(n, a.prompt_len) if kind == "d" else timer.prefill_ms(n))
+                    times[native].append(
+                        timer.decode_ms(n, a.prompt_len) if kind == "d" else timer.prefill_ms(n, count)
+                    )
             best = {native: min(ms) for native, ms in times.items()}
-            label = (
-                f"decode step, batch {n} x {a.prompt_len}" if kind == "d" else f"prompt of {n} tokens to first token"
-            )
+            label = f"decode step, batch {n} x {a.prompt_len}" if kind == "d" else f"{count} x {n}-token prompts"
             ratio = best[False] / best[True]
             line = f"{label}: {names[0]} {best[True]:.1f} ms, {names[1]} {best[False]:.1f} ms, {ratio:.2f}x"
             if a.rounds > 3:

@@ -98,14 +98,15 @@ def test_strided_queries_nan_rows_and_bad_input() -> None:
         kernels.paged_decode(q.double(), kc, vc, tables, lens, 0.125)
 
 
-def test_a_float32_backend_decodes_natively_and_prefills_on_torch() -> None:
+def test_a_float32_backend_decodes_and_prefills_natively() -> None:
     cache = KVCache(1, 8, 16, 3, 64, torch.float32)
     backend = PagedAttention(cache, 9, 3, 64, native=True)
-    assert backend.native and not backend.native_prefill
+    assert backend.native and backend.native_prefill
     torch_path = PagedAttention(cache, 9, 3, 64, native=False)
     assert not torch_path.native and not torch_path.native_prefill
     # The rowwise (batch-invariant) backend keeps one arithmetic for decode and prefill rows: torch.
     assert not RowwiseAttention(cache, 9, 3, 64, native=True).native_prefill
+    assert not PagedAttention(KVCache(1, 8, 16, 3, 40, torch.float32), 9, 3, 40, native=True).native_prefill  # D % 16
     # A step of two decodes and a prefill chunk after cached tokens: both backends, one answer.
     cache.k.normal_(generator=torch.Generator().manual_seed(6))
     cache.v.normal_(generator=torch.Generator().manual_seed(7))

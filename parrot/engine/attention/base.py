@@ -11,8 +11,9 @@ A backend built with `native=True` (the engine passes `EngineConfig.cpu_kernels`
 native CPU kernels where they take its cache (on the CPU, a supported head shape, the library
 built), reading the cache in place: decode rows on `kernels.paged_decode` (a bf16 cache on the
 AVX512-BF16 kernels, a float32 one on the AVX2 kernels: `native`), each prefill chunk on the
-causal `kernels.paged_prefill` (bf16 only, 2.4-3.7x torch's SDPA at 128-2,048 tokens on an
-AVX512-BF16 CPU: `native_prefill`); those choices are made once, at construction.
+causal `kernels.paged_prefill` (`native_prefill`; bf16: 2.4-3.7x torch's SDPA at 128-2,048 tokens
+on an AVX512-BF16 CPU; float32: 1.2-1.9x at 256-2,048 on AVX2); those choices are made once, at
+construction.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class PagedAttention:
         self.prefills: list[PrefillMeta] = []
         self.rows: kernels.NativeRows | kernels.Float32DecodeRows | None = None  # the step as data (native_rows)
         # Decode rows run on kernels.paged_decode, prefill chunks on kernels.paged_prefill (fixed for
-        # the backend's life; a float32 cache decodes natively and prefills on torch).
+        # the backend's life).
         self.native = native and kernels.paged_decode_on(cache.k, num_heads, num_kv_heads, head_dim)
         self.native_prefill = native and kernels.paged_prefill_on(cache.k, num_heads, num_kv_heads, head_dim)
         self.decode_pieces: kernels.CascadePieces | None = None  # float32 native decode's step rows
@@ -89,7 +90,7 @@ class PagedAttention:
         per_context = type(self).forward is PagedAttention.forward and type(self).decode is PagedAttention.decode
         decode_only = num_decode == len(seqs) and num_decode > 0
         k, v = self.cache.k, self.cache.v
-        if self.native_prefill and per_context and decode_only:
+        if self.native_prefill and k.dtype == torch.bfloat16 and per_context and decode_only:
             self.rows = kernels.NativeRows(k, v, slot_mapping, self.decode_tables, self.decode_lens, self.scale)
         elif decode_only and type(self).forward is PagedAttention.forward and k.dtype == torch.float32:
             pieces = self.native_decode_pieces()

@@ -25,10 +25,16 @@ import torch.nn.functional as F
 
 from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec, gather_blocks, padded_tables
+from parrot.engine.kv.cache import KVCache
 
 
 class RowwiseAttention(PagedAttention):
     name = "rowwise"
+
+    def __init__(self, cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int, native: bool = False) -> None:
+        super().__init__(cache, num_heads, num_kv_heads, head_dim, native)
+        # One arithmetic for decode and prefill rows: bf16's two kernels share it, float32's do not.
+        self.native_prefill = self.native_prefill and cache.k.dtype == torch.bfloat16
 
     def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
         self.slot_mapping = slot_mapping

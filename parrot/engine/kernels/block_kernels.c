@@ -414,6 +414,192 @@ int64_t parrot_cascade_decode_f32(const float* q, int64_t q_stride, const float*
     return 0;
 }
 
+/* ---- Causal prefill attention over a float32 paged KV cache ----------------------------------
+ * One chunk of T new tokens (positions S - T .. S - 1, their K/V already in the cache) attends to
+ * its sequence's keys, causally. First every (KV head, 32-key tile) is packed once for the whole
+ * chunk: K transposed ([D][32], so a query's 32 scores are 4 vector FMAs a dimension) and V as
+ * rows; then a work item is one KV head and a block of query tokens (their G heads each, token-
+ * major), which walks the tiles its last token sees: 4 query rows at a time take their 32 scores
+ * (4 rows x 16 keys of accumulators), the causal mask, an online-softmax step (running max m and
+ * sum l, fp32) and the weighted V (4 rows x 16 dims of accumulators), then out = o / l. A tile a row
+ * cannot see is never computed for it. A row's result depends on its sequence and on where the
+ * chunk starts (S - T), never on the other sequences of the step. A NaN score makes its row NaN. */
+#define PF_KT 32 /* keys per tile */
+#define PF_RB 4  /* query rows per register block */
+#define PF_QB 16 /* query tokens per work item (fewer when the chunk is short: see below) */
+
+/* s[r][0:32] = scale * (q_r . k_j) for R rows against a packed tile kt [D][32]. */
+static inline __attribute__((always_inline)) void prefill_scores(const float* const* qr, const int R, const float* kt,
+                                                                 float scale, float* s, const int64_t D) {
+    for (int jb = 0; jb < PF_KT; jb += 16) {
+        __m256 acc[PF_RB][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const __m256 k0 = _mm256_load_ps(kt + d * PF_KT + jb), k1 = _mm256_load_ps(kt + d * PF_KT + jb + 8);
+            for (int r = 0; r < R; r++) {
+                const __m256 b = _mm256_broadcast_ss(qr[r] + d);
+                acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
+            }
+        }
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (int r = 0; r < R; r++) {
+            _mm256_store_ps(s + r * PF_KT + jb, _mm256_mul_ps(acc[r][0], vs));
+            _mm256_store_ps(s + r * PF_KT + jb + 8, _mm256_mul_ps(acc[r][1], vs));
+        }
+    }
+}
+
+/* One row's online-softmax step over its scores s[0:32], of which the first `vis` are visible:
+ * s becomes e^(s - m_new) (0 where masked); m and l updated; returns the factor for o. */
+static inline float prefill_softmax(float* s, int64_t vis, float* m, float* l) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < PF_KT; j += 8) {
+        const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(vis - j)), lane));
+        const __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_load_ps(s + j), live);
+        _mm256_store_ps(s + j, sv);
+        vmax = _mm256_max_ps(sv, vmax); /* NaN in sv: vmax (the second operand) */
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float mt = _mm_cvtss_f32(h), mn = mt > *m ? mt : *m;
+    const float alpha = mn == -INFINITY ? 1.0f : expf(*m - mn);
+    const __m256 vm = _mm256_set1_ps(mn);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < PF_KT; j += 8) { /* masked lanes: e^(-inf) = 0 */
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
+        _mm256_store_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *l = *l * alpha + hsum8(sum);
+    *m = mn;
+    return alpha;
+}
+
+/* o[r] = o[r] * alpha[r] + sum_j p[r][j] * v_j over the tile's first n keys, R rows. */
+static inline __attribute__((always_inline)) void prefill_pv(float* const* o, const int R, const float* alpha,
+                                                             const float* p, const float* vt, int64_t n,
+                                                             const int64_t D) {
+    for (int64_t c = 0; c < D; c += 16) {
+        __m256 acc[PF_RB][2];
+        for (int r = 0; r < R; r++) {
+            const __m256 a = _mm256_set1_ps(alpha[r]);
+            acc[r][0] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c), a);
+            acc[r][1] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c + 8), a);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const __m256 v0 = _mm256_load_ps(vt + j * D + c), v1 = _mm256_load_ps(vt + j * D + c + 8);
+            for (int r = 0; r < R; r++) {
+                const __m256 w = _mm256_broadcast_ss(p + r * PF_KT + j);
+                acc[r][0] = _mm256_fmadd_ps(w, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(o[r] + c, acc[r][0]), _mm256_storeu_ps(o[r] + c + 8, acc[r][1]);
+    }
+}
+
+/* R rows (from row r0 of the work item) through one tile starting at key t0 of n keys. */
+static inline __attribute__((always_inline)) void prefill_rows(const float* const* qr, float* const* o, const int R,
+                                                               const int64_t* last, int64_t t0, int64_t n,
+                                                               const float* kt, const float* vt, float scale,
+                                                               float* s, float* m, float* l, const int64_t D) {
+    float alpha[PF_RB];
+    int64_t reach = 0; /* keys of the tile the block's rows see, at most */
+    prefill_scores(qr, R, kt, scale, s, D);
+    for (int r = 0; r < R; r++) {
+        const int64_t vis = last[r] - t0 + 1 < n ? last[r] - t0 + 1 : n;
+        alpha[r] = prefill_softmax(s + r * PF_KT, vis, m + r, l + r);
+        if (vis > reach) reach = vis;
+    }
+    prefill_pv(o, R, alpha, s, vt, reach, D);
+}
+
+/* One work item: KV head h, query tokens [i0, i1) of the chunk; 1 if its buffers could not be
+ * allocated. kpack / vpack: this head's packed tiles. */
+static inline __attribute__((always_inline)) int64_t prefill_f32_task(
+    const float* q, int64_t q_stride, const float* kpack, const float* vpack, int64_t T, int64_t S, float* out,
+    int64_t h, int64_t i0, int64_t i1, int64_t Hkv, float scale, const int64_t G, const int64_t D) {
+    const int64_t Hq = Hkv * G, past = S - T, NR = (i1 - i0) * G, tiles = (past + i1 + PF_KT - 1) / PF_KT;
+    float* f = aligned_alloc(32, (size_t)((NR * (D + 2) + PF_RB * PF_KT) * 4 + 32) / 32 * 32);
+    if (f == NULL) return 1;
+    float *o = f, *m = f + NR * D, *l = m + NR, *s = (float*)(((uintptr_t)(l + NR) + 31) / 32 * 32);
+    for (int64_t r = 0; r < NR; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int64_t i = 0; i < NR * D; i++) o[i] = 0.0f;
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t t0 = t * PF_KT, n = S - t0 < PF_KT ? S - t0 : PF_KT;
+        const float *kt = kpack + t0 * D, *vt = vpack + t0 * D;
+        const int64_t first = t0 > past + i0 ? (t0 - past - i0) * G : 0; /* rows before see no key here */
+        for (int64_t r0 = first; r0 < NR; r0 += PF_RB) {
+            const int R = NR - r0 < PF_RB ? (int)(NR - r0) : PF_RB;
+            const float* qr[PF_RB];
+            float* orow[PF_RB];
+            int64_t last[PF_RB];
+            for (int r = 0; r < R; r++) {
+                const int64_t row = r0 + r, i = i0 + row / G;
+                qr[r] = q + i * q_stride + (h * G + row % G) * D, orow[r] = o + row * D, last[r] = past + i;
+            }
+            if (R == PF_RB) prefill_rows(qr, orow, PF_RB, last, t0, n, kt, vt, scale, s, m + r0, l + r0, D);
+            else
+                for (int r = 0; r < R; r++)
+                    prefill_rows(qr + r, orow + r, 1, last + r, t0, n, kt, vt, scale, s, m + r0 + r, l + r0 + r, D);
+        }
+    }
+    for (int64_t row = 0; row < NR; row++) {
+        const int64_t i = i0 + row / G;
+        float* dst = out + i * Hq * D + (h * G + row % G) * D;
+        const __m256 inv = _mm256_set1_ps(1.0f / l[row]);
+        for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(o + row * D + c), inv));
+    }
+    free(f);
+    return 0;
+}
+
+/* q: [T, Hq, D] rows q_stride apart (a prefill chunk's queries); kc/vc: one layer's cache [blocks,
+ * bs, Hkv, D] holding the sequence's S tokens (the chunk's included) through `table`; out:
+ * [T, Hq * D]; kpack/vpack: scratch of Hkv * ceil(S / 64) * 64 * D floats each (the bf16 kernel's
+ * sizes). D % 16 == 0, D <= 256, 1 <= T <= S. Returns the work items that could not allocate. */
+int64_t parrot_paged_prefill_f32(const float* q, int64_t q_stride, const float* kc, const float* vc,
+                                 const int64_t* table, int64_t T, int64_t S, float* out, float* kpack, float* vpack,
+                                 int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
+    const int64_t G = Hq / Hkv, tiles = (S + PF_KT - 1) / PF_KT, per_head = (S + 63) / 64 * 64 * D;
+    /* Query blocks of PF_QB tokens, smaller when that leaves fewer than 4 work items a thread. */
+    int64_t qb = PF_QB;
+    if (Hkv * ((T + qb - 1) / qb) < 4 * num_threads) qb = (T * Hkv + 4 * num_threads - 1) / (4 * num_threads);
+    if (qb < 1) qb = 1;
+    if (qb > PF_QB) qb = PF_QB;
+    const int64_t qblocks = (T + qb - 1) / qb;
+    int64_t failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t ht = 0; ht < Hkv * tiles; ht++) { /* every tile packed once, for all query blocks */
+            const int64_t h = ht / tiles, t0 = ht % tiles * PF_KT, n = S - t0 < PF_KT ? S - t0 : PF_KT;
+            float *kt = kpack + h * per_head + t0 * D, *vt = vpack + h * per_head + t0 * D;
+            for (int64_t j = 0; j < PF_KT; j++) {
+                if (j < n) {
+                    const int64_t pos = t0 + j, at = (table[pos / bs] * bs + pos % bs) * Hkv * D + h * D;
+                    for (int64_t d = 0; d < D; d++) kt[d * PF_KT + j] = kc[at + d], vt[j * D + d] = vc[at + d];
+                } else
+                    for (int64_t d = 0; d < D; d++) kt[d * PF_KT + j] = 0.0f, vt[j * D + d] = 0.0f;
+            }
+        }
+#pragma omp for schedule(dynamic, 1) reduction(+ : failed)
+        for (int64_t task = 0; task < Hkv * qblocks; task++) {
+            const int64_t b = qblocks - 1 - task / Hkv, h = task % Hkv; /* the most keys first */
+            const int64_t i0 = b * qb, i1 = i0 + qb < T ? i0 + qb : T;
+            const float *kp = kpack + h * per_head, *vp = vpack + h * per_head;
+            if (G == 3 && D == 64) failed += prefill_f32_task(q, q_stride, kp, vp, T, S, out, h, i0, i1, Hkv, scale, 3, 64);
+            else if (D == 64) failed += prefill_f32_task(q, q_stride, kp, vp, T, S, out, h, i0, i1, Hkv, scale, G, 64);
+            else if (D == 128) failed += prefill_f32_task(q, q_stride, kp, vp, T, S, out, h, i0, i1, Hkv, scale, G, 128);
+            else failed += prefill_f32_task(q, q_stride, kp, vp, T, S, out, h, i0, i1, Hkv, scale, G, D);
+        }
+    }
+    return failed;
+}
+
 /* ---- Fused elementwise steps of a float32 decoder layer (ops.py; float32 has no rounding points
  * between the ops, so each is one pass over its rows where torch makes several) --------------- */
 

@@ -3,13 +3,15 @@
 `paged_decode` attends each sequence to its own KV, read in place through its block table;
 `cascade_decode` reads each shared prefix once for all the rows that share it (`CascadePieces`:
 the step's prefixes and tails), then each row's tail, and merges them by log-sum-exp;
-`paged_prefill` is the causal attention of one prefill chunk over its sequence (flash-style, bf16
-dot products; a row's result depends only on its sequence, not on how the prompt was chunked).
-A bf16 cache runs the C kernels of cpu_kernels.c (`parrot_paged_decode`, `parrot_cascade_decode`,
-`parrot_paged_prefill`; AVX512-BF16); a float32 cache decodes on block_kernels.c's
-`parrot_cascade_decode_f32` (AVX2 + FMA; per-context decode is its case of one piece per row) and
-has no native prefill. An attention backend decides once, when it is built, whether it decodes
-natively (`paged_decode_on`) and prefills natively (`paged_prefill_on`), given the engine's setting.
+`paged_prefill` is the causal attention of one prefill chunk over its sequence (flash-style; a
+row's result depends only on its sequence, not on how the prompt was chunked or on the step's
+other sequences). A bf16 cache runs the C kernels of cpu_kernels.c (`parrot_paged_decode`,
+`parrot_cascade_decode`, `parrot_paged_prefill`; AVX512-BF16); a float32 cache runs block_kernels.c's
+(AVX2 + FMA): `parrot_cascade_decode_f32` (per-context decode is its case of one piece per row) and
+`parrot_paged_prefill_f32` (another summation order than its decode: a prompt row and a decode
+row over the same keys agree to rounding, not bit for bit). An attention backend decides once,
+when it is built, whether it decodes natively (`paged_decode_on`) and prefills natively
+(`paged_prefill_on`), given the engine's setting.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ def paged_decode_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, he
 
 
 def paged_prefill_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether a prefill chunk over a cache like `cache_k` can run on `paged_prefill` (bf16 only)."""
-    return cache_k.dtype == torch.bfloat16 and paged_decode_on(cache_k, num_heads, num_kv_heads, head_dim)
+    """Whether a prefill chunk over a cache like `cache_k` can run on `paged_prefill` (float32 also
+    needs D % 16 == 0)."""
+    if cache_k.dtype == torch.float32 and head_dim % 16:
+        return False
+    return paged_decode_on(cache_k, num_heads, num_kv_heads, head_dim)
 
 
 def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -173,13 +178,14 @@ def paged_prefill(
     ids = block_ids.contiguous().long()
     if not 1 <= t <= seq_len or ids.numel() * bs < seq_len:
         raise ValueError(f"paged_prefill: {t} queries, {seq_len} tokens, {ids.numel()} blocks of {bs}")
-    out = torch.empty(t, hq * d, dtype=torch.bfloat16)
-    padded = -(-seq_len // 64) * 64  # the kernel's key tile
-    kpack = torch.empty(hkv * padded * d, dtype=torch.bfloat16)
+    out = torch.empty(t, hq * d, dtype=q.dtype)
+    padded = -(-seq_len // 64) * 64  # the kernels' key tiles (64 keys; float32: 32)
+    kpack = torch.empty(hkv * padded * d, dtype=q.dtype)
     vpack = torch.empty_like(kpack)
     head = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), ids.data_ptr(), t, seq_len)
     bufs = (out.data_ptr(), kpack.data_ptr(), vpack.data_ptr())
-    failed = lib.parrot_paged_prefill(*head, *bufs, hq, hkv, d, bs, scale, torch.get_num_threads())
+    kernel = lib.parrot_paged_prefill if q.dtype == torch.bfloat16 else lib.parrot_paged_prefill_f32
+    failed = kernel(*head, *bufs, hq, hkv, d, bs, scale, torch.get_num_threads())
     if failed:
         raise MemoryError(f"paged_prefill: {failed} work items could not allocate their buffers")
     return out

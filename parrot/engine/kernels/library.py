@@ -5,7 +5,7 @@ compiler, loaded through ctypes, and why it is unavailable when it is.
   AMX-BF16 and the OS's permission for the tile state. `status()` names what runs
   ("avx512_bf16+amx", "avx512_bf16") or says why nothing does ("unavailable: <reason>").
 - block_kernels.c, the float32 engine's kernels: linears over GGUF block-encoded weights
-  (blocks.py), decode attention over a float32 paged KV cache (decode.py) and the decoder's
+  (blocks.py), decode and prefill attention over a float32 paged KV cache (decode.py) and the decoder's
   elementwise steps (RMSNorm, RoPE, SiLU*up: ops.py): needs AVX2 + FMA
   (`blocks_library()`, `blocks_status()`).
 A library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags, and needs
@@ -59,6 +59,8 @@ BLOCKS_SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_linear_q8_0": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     # float32 decode attention (per context and cascade): the work items that could not allocate.
     "parrot_cascade_decode_f32": SIGNATURES["parrot_cascade_decode"],
+    # float32 causal prefill attention of one chunk, with the bf16 kernel's arguments.
+    "parrot_paged_prefill_f32": SIGNATURES["parrot_paged_prefill"],
     # The float32 decoder's elementwise steps (ops.py), with the bf16 ones' arguments.
     "parrot_rmsnorm_f32": SIGNATURES["parrot_rmsnorm"],
     "parrot_rope_f32": SIGNATURES["parrot_rope"],
