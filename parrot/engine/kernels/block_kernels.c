@@ -1,5 +1,5 @@
 /* Parrot's float32 kernels (x86: AVX2 + FMA): linears over block-encoded weights, then (below)
- * decode attention over a float32 paged KV cache and the decoder's elementwise steps.
+ * decode and prefill attention over a float32 paged KV cache and the decoder's elementwise steps.
  *
  * A GGUF model's projections are 4-bit blocks (Q4_1: w = d * q + m per block of 32 weights, d and m
  * half floats, q in 0..15) and its embedding 8-bit blocks (Q8_0: w = d * q, q in -127..127). The
