@@ -121,6 +121,9 @@ def test_paged_prefill_refuses_inconsistent_shapes(dtype: torch.dtype) -> None:
         kernels.paged_prefill(q, cache.k[0], cache.v[0], ids, 33, 0.125)  # blocks do not cover the tokens
     with pytest.raises(ValueError, match="all bfloat16 or all float32"):
         kernels.paged_prefill(q.double(), cache.k[0], cache.v[0], ids, 10, 0.125)
+    odd = _cache(4, 16, 1, 24, seed=1, dtype=dtype)  # a head size neither kernel takes
+    with pytest.raises(ValueError, match="no kernel for 2 / 1 heads of 24"):
+        kernels.paged_prefill(torch.randn(10, 2, 24).to(dtype), odd.k[0], odd.v[0], ids, 10, 0.125)
 
 
 @needs_kernel

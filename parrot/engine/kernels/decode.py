@@ -178,6 +178,8 @@ def paged_prefill(
     ids = block_ids.contiguous().long()
     if not 1 <= t <= seq_len or ids.numel() * bs < seq_len:
         raise ValueError(f"paged_prefill: {t} queries, {seq_len} tokens, {ids.numel()} blocks of {bs}")
+    if not paged_prefill_on(k_cache, hq, hkv, d):
+        raise ValueError(f"paged_prefill: no kernel for {hq} / {hkv} heads of {d} in {q.dtype}")
     out = torch.empty(t, hq * d, dtype=q.dtype)
     padded = -(-seq_len // 64) * 64  # the kernels' key tiles (64 keys; float32: 32)
     kpack = torch.empty(hkv * padded * d, dtype=q.dtype)
