@@ -422,8 +422,10 @@ int64_t parrot_cascade_decode_f32(const float* q, int64_t q_stride, const float*
  * major), which walks the tiles its last token sees: 4 query rows at a time take their 32 scores
  * (4 rows x 16 keys of accumulators), the causal mask, an online-softmax step (running max m and
  * sum l, fp32) and the weighted V (4 rows x 16 dims of accumulators), then out = o / l. A tile a row
- * cannot see is never computed for it. A row's result depends on its sequence and on where the
- * chunk starts (S - T), never on the other sequences of the step. A NaN score makes its row NaN. */
+ * cannot see is never computed for it. The tiles start at key 0 whatever the chunk, and a row's
+ * sums run in one order whichever register block it lands in (a key past its reach adds 0 * v), so
+ * its bits depend only on its query and its sequence's keys: not on the chunking, nor on the other
+ * sequences of the step. A NaN score makes its row NaN. */
 #define PF_KT 32 /* keys per tile */
 #define PF_RB 4  /* query rows per register block */
 #define PF_QB 16 /* query tokens per work item (fewer when the chunk is short: see below) */
