@@ -90,7 +90,7 @@ class PagedAttention:
         per_context = type(self).forward is PagedAttention.forward and type(self).decode is PagedAttention.decode
         decode_only = num_decode == len(seqs) and num_decode > 0
         k, v = self.cache.k, self.cache.v
-        if self.native_prefill and k.dtype == torch.bfloat16 and per_context and decode_only:
+        if self.native_prefill and kernels.prefill_matches_decode(k) and per_context and decode_only:
             self.rows = kernels.NativeRows(k, v, slot_mapping, self.decode_tables, self.decode_lens, self.scale)
         elif decode_only and type(self).forward is PagedAttention.forward and k.dtype == torch.float32:
             pieces = self.native_decode_pieces()

@@ -33,8 +33,8 @@ class RowwiseAttention(PagedAttention):
 
     def __init__(self, cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int, native: bool = False) -> None:
         super().__init__(cache, num_heads, num_kv_heads, head_dim, native)
-        # One arithmetic for decode and prefill rows: bf16's two kernels share it, float32's do not.
-        self.native_prefill = self.native_prefill and cache.k.dtype == torch.bfloat16
+        # Decode and prefill rows must share one arithmetic: the chunk kernel only where it does.
+        self.native_prefill = self.native_prefill and kernels.prefill_matches_decode(cache.k)
 
     def prepare(self, seqs: list[SeqSpec], slot_mapping: torch.Tensor) -> None:
         self.slot_mapping = slot_mapping

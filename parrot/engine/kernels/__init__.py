@@ -33,6 +33,7 @@ from parrot.engine.kernels.decode import (
     paged_decode_supported,
     paged_prefill,
     paged_prefill_on,
+    prefill_matches_decode,
 )
 from parrot.engine.kernels.fused import FusedDecoderLayer, NativeRows, set_fused
 from parrot.engine.kernels.fused_f32 import Float32DecodeRows
@@ -86,6 +87,7 @@ __all__ = [
     "paged_decode_supported",
     "paged_prefill",
     "paged_prefill_on",
+    "prefill_matches_decode",
     "rms_norm",
     "rope",
     "rowwise_linear",

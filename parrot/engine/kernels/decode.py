@@ -41,6 +41,12 @@ def paged_prefill_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, h
     return paged_decode_on(cache_k, num_heads, num_kv_heads, head_dim)
 
 
+def prefill_matches_decode(cache_k: torch.Tensor) -> bool:
+    """Whether `paged_prefill` gives a prompt row the bits `paged_decode` gives the same query over
+    the same keys: bf16's two kernels share one per-row arithmetic; float32's sum in other orders."""
+    return cache_k.dtype == torch.bfloat16
+
+
 def paged_decode_supported(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether the decode kernels take this attention shape: bf16 with D % 32 == 0, D <= 256,
     G <= 16; float32 with D % 8 == 0, D <= 256."""
