@@ -78,20 +78,30 @@ def together(
     return outs
 
 
-@pytest.mark.parametrize(("n", "k"), [(48, 80), (13, 80)])  # VNNI-packed; N = 13: the dot kernel, 1 column left over
-def test_row_invariant_linear_is_bit_identical_at_every_row_count(n: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "k", "layout"),
+    [
+        (64, 96, "amx"),  # AMX tiles where AMX runs (else VNNI)
+        (48, 80, "vnni"),  # not a 32-multiple: the VNNI kernel everywhere
+        (13, 80, None),  # N = 13: the dot kernel, 1 column left over
+    ],
+)
+def test_row_invariant_linear_is_bit_identical_at_every_row_count(n: int, k: int, layout: str | None) -> None:
     if not kernels.available():
         pytest.skip(f"native kernels {kernels.status()}")
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(100, k, generator=gen).bfloat16()  # 100 rows: several 48-row panels of 6-row blocks
+    rows = 300  # AMX: 128-row panels of 16-row blocks, a partial last block; VNNI: 48-row panels of 6-row blocks
+    x = torch.randn(rows, k, generator=gen).bfloat16()
     w = torch.randn(n, k, generator=gen).bfloat16()
     b = torch.randn(n, generator=gen).bfloat16()
-    packed = kernels.pack_vnni(w)
-    assert (packed is None) == (n % 16 != 0)
+    packed = kernels.pack_row_invariant(w)
+    expected = {"amx": 5 if kernels.amx_available() else 4, "vnni": 4, None: None}[layout]
+    assert (None if packed is None else packed.dim()) == expected
     with torch.inference_mode():
-        ref = torch.cat([kernels.linear(x[i : i + 1], w, b, packed, row_invariant=True) for i in range(100)])
-        for m in range(1, 101):
+        ref = torch.cat([kernels.linear(x[i : i + 1], w, b, packed, row_invariant=True) for i in range(rows)])
+        for m in [*range(1, 40), 47, 48, 49, 127, 128, 129, 255, 256, 257, 299, 300]:
             assert torch.equal(kernels.linear(x[:m], w, b, packed, row_invariant=True), ref[:m]), m
+            assert torch.equal(kernels.linear(x[rows - m :], w, b, packed, row_invariant=True), ref[rows - m :]), m
         assert (ref.float() - torch.nn.functional.linear(x.float(), w.float(), b.float())).abs().max() < 0.25
 
 

@@ -5,8 +5,9 @@
  *    speed is memory bandwidth. oneDNN's bf16 path reaches ~8 GB/s there on this class of machine;
  *    this kernel streams each weight row once for all rows (vdpbf16ps, fp32 accumulation, software
  *    prefetch) and reaches ~15 GB/s.
- * 2. parrot_linear_amx: the same for 5..128 rows, over weights prepacked into AMX tiles;
- *    parrot_linear_vnni: any number of rows, each summed in one fixed order (batch-invariant mode).
+ * 2. parrot_linear_amx: any number of rows over weights prepacked into AMX tiles, each row summed
+ *    in one fixed order (5..128 rows, and every row count in the batch-invariant mode);
+ *    parrot_linear_vnni: the same without AMX (the batch-invariant mode's kernel there).
  * 3. parrot_paged_decode: one query token per sequence over its paged KV, read in place;
  *    parrot_cascade_decode: the same with shared prefixes read once for all the rows sharing them;
  *    parrot_paged_prefill: the causal attention of a prefill chunk (flash-style, 2.4-3.7x the speed
@@ -187,14 +188,22 @@ void parrot_linear_vnni(const uint16_t* x, int64_t ldx, const uint16_t* wp, cons
         }
 }
 
-/* ---- AMX: batches of 5..128 rows (AMX_MAX_ROWS in ops.py) -----------------------------------
+/* ---- AMX: any number of rows --------------------------------------------------------------
  * Weights are prepacked once (see kernels.pack_amx) into 1 KB tiles: for each block of 16 output
  * columns and each block of 32 input features, 16 rows of 16 (column, feature-pair) bf16 pairs,
- * the VNNI layout tdpbf16ps reads. Each thread owns blocks of 32 output columns and runs up to two
- * 16-row blocks of x against them per pass, so every weight tile is read from memory once. */
+ * the VNNI layout tdpbf16ps reads. A work item is (panel of AMX_PANEL rows, block of 32 output
+ * columns), panel-major, so a thread's items reuse one panel of x from L2 while the weights stream;
+ * within an item, pairs of 16-row blocks against the two column tiles (a 32 x 32 block per pass
+ * over K). Each output (i, n) is one fp32 lane of one C tile, accumulated over K in 32-feature
+ * steps in order, then the bias, then one rounding: its bits depend on row i of x and column n of
+ * w alone, whatever M, the panel, the tile its row lands in or the thread (the batch-invariant
+ * mode runs every row count here where AMX runs). Nothing is copied or padded: fewer than 16 rows
+ * configure shorter tiles; otherwise a partial last block is the window of the last 16 rows,
+ * which recomputes rows the previous block holds (the same bits) and stores only the new ones. */
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+#define AMX_PANEL 128 /* rows of x per work item (8 blocks: 147 KB of x at K = 576) */
 
 typedef struct {
     uint8_t palette_id;
@@ -207,81 +216,86 @@ typedef struct {
 /* Ask the kernel for the AMX tile state (once per process); 1 on success. */
 int parrot_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
 
-static void store_tile_rows(const float* c, int64_t rows, const uint16_t* bias, uint16_t* y, int64_t ldy,
-                            int64_t n0) {
+/* Tiles 0-3: C (rows x 16 fp32); 4, 5: x (rows x 32 bf16); 6, 7: w (16 feature pairs x 32 bf16). */
+static void amx_configure(int64_t rows) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t < 6 ? (uint8_t)rows : 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static void store_tile_rows(const float* c, int64_t skip, int64_t rows, const uint16_t* bias, uint16_t* y,
+                            int64_t ldy, int64_t n0) {
     __m512 b = _mm512_setzero_ps();
     if (bias) b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + n0))), 16));
-    for (int64_t i = 0; i < rows; i++) {
+    for (int64_t i = skip; i < rows; i++) {
         __m512 v = _mm512_add_ps(_mm512_load_ps(c + i * 16), b);
         _mm256_storeu_si256((__m256i*)(y + i * ldy + n0), (__m256i)_mm512_cvtneps_pbh(v)); /* round to nearest even */
     }
 }
 
-/* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0; any M
- * (x is padded to 16-row blocks; the caller sends 5..AMX_MAX_ROWS rows, where AMX beats oneDNN). */
-int parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+/* y[M, N] = x[M, K] @ w^T (+ bias); wp: packed weights; N % 32 == 0, K % 32 == 0; any M >= 0. */
+void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
                       int64_t M, int64_t N, int64_t K, int num_threads) {
-    const int64_t kblocks = K / 32, mblocks = (M + 15) / 16, tile = 512; /* bf16 per 1 KB tile */
-    if (M <= 0) return 0;
-    uint16_t* xp = aligned_alloc(64, (size_t)(mblocks * 16 * K * 2));
-    if (xp == NULL) return -1; /* the caller falls back to torch */
-    for (int64_t i = 0; i < mblocks * 16; i++) {
-        if (i < M) memcpy(xp + i * K, x + i * ldx, (size_t)K * 2);
-        else memset(xp + i * K, 0, (size_t)K * 2);
-    }
-#pragma omp parallel num_threads(num_threads)
+    const int64_t kblocks = K / 32, nblocks = N / 32, tile = 512; /* bf16 per 1 KB tile */
+    if (M <= 0 || N <= 0) return;
+    const int64_t rows = M < 16 ? M : 16, mblocks = (M + 15) / 16;
+    const int64_t panel_blocks = AMX_PANEL / 16, panels = (mblocks + panel_blocks - 1) / panel_blocks;
+    const int64_t items = panels * nblocks;
+    const int threads = items < num_threads ? (int)items : num_threads;
+#pragma omp parallel num_threads(threads)
     {
-        tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette_id = 1;
-        for (int t = 0; t < 8; t++) {
-            cfg.rows[t] = 16;
-            cfg.colsb[t] = 64;
-        }
-        _tile_loadconfig(&cfg);
+        amx_configure(rows);
         float c[4][256] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
-        for (int64_t nb = 0; nb < N / 32; nb++) {
+        for (int64_t item = 0; item < items; item++) {
+            const int64_t pn = item / nblocks, nb = item % nblocks;
+            const int64_t mb_end = (pn + 1) * panel_blocks < mblocks ? (pn + 1) * panel_blocks : mblocks;
             const uint16_t* b0 = wp + (2 * nb) * kblocks * tile;
             const uint16_t* b1 = b0 + kblocks * tile;
-            for (int64_t mb = 0; mb < mblocks; mb += 2) {
-                const int two = mb + 1 < mblocks;
-                const uint16_t* a0 = xp + mb * 16 * K;
-                const uint16_t* a1 = a0 + 16 * K;
+            for (int64_t mb = pn * panel_blocks; mb < mb_end; mb += 2) {
+                const int two = mb + 1 < mb_end;
+                /* The block's first row: a partial last block is the window of the last 16 rows. */
+                const int64_t m0 = mb * 16 + rows <= M ? mb * 16 : M - rows;
+                const int64_t m1 = (mb + 1) * 16 + rows <= M ? (mb + 1) * 16 : M - rows;
+                const uint16_t* a0 = x + m0 * ldx;
+                const uint16_t* a1 = x + m1 * ldx;
                 _tile_zero(0);
                 _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                if (two) {
+                    _tile_zero(2);
+                    _tile_zero(3);
+                }
                 for (int64_t kb = 0; kb < kblocks; kb++) {
-                    _tile_loadd(4, a0 + kb * 32, K * 2);
+                    _tile_loadd(4, a0 + kb * 32, ldx * 2);
                     _tile_loadd(6, b0 + kb * tile, 64);
                     _tile_loadd(7, b1 + kb * tile, 64);
                     _tile_dpbf16ps(0, 4, 6);
                     _tile_dpbf16ps(1, 4, 7);
                     if (two) {
-                        _tile_loadd(5, a1 + kb * 32, K * 2);
+                        _tile_loadd(5, a1 + kb * 32, ldx * 2);
                         _tile_dpbf16ps(2, 5, 6);
                         _tile_dpbf16ps(3, 5, 7);
                     }
                 }
                 _tile_stored(0, c[0], 64);
                 _tile_stored(1, c[1], 64);
-                int64_t rows0 = M - mb * 16 < 16 ? M - mb * 16 : 16;
-                store_tile_rows(c[0], rows0, bias, y + mb * 16 * N, N, nb * 32);
-                store_tile_rows(c[1], rows0, bias, y + mb * 16 * N, N, nb * 32 + 16);
+                store_tile_rows(c[0], mb * 16 - m0, rows, bias, y + m0 * N, N, nb * 32);
+                store_tile_rows(c[1], mb * 16 - m0, rows, bias, y + m0 * N, N, nb * 32 + 16);
                 if (two) {
                     _tile_stored(2, c[2], 64);
                     _tile_stored(3, c[3], 64);
-                    int64_t rows1 = M - (mb + 1) * 16 < 16 ? M - (mb + 1) * 16 : 16;
-                    store_tile_rows(c[2], rows1, bias, y + (mb + 1) * 16 * N, N, nb * 32);
-                    store_tile_rows(c[3], rows1, bias, y + (mb + 1) * 16 * N, N, nb * 32 + 16);
+                    store_tile_rows(c[2], (mb + 1) * 16 - m1, rows, bias, y + m1 * N, N, nb * 32);
+                    store_tile_rows(c[3], (mb + 1) * 16 - m1, rows, bias, y + m1 * N, N, nb * 32 + 16);
                 }
             }
         }
         _tile_release();
     }
-    free(xp);
-    return 0;
 }
 
 /* ---- Attention over the paged KV cache: shared helpers ---------------------------------------
@@ -1000,7 +1014,7 @@ void parrot_silu_mul(const uint16_t* gu, uint16_t* out, int64_t N, int64_t I, in
  * next norm. One ctypes call: Python marshals once per layer, and the GIL is released throughout.
  * `layer` and `step` are int64 arrays whose slots are named below (fused.py fills them). */
 enum { LY_QKV, LY_QKV_BIAS, LY_O, LY_GATE_UP, LY_DOWN, LY_POST_NORM, LY_LINEAR_KIND, LY_SIZE };
-enum { LINEAR_VNNI, LINEAR_DOT }; /* weights packed by pack_vnni, or the bf16 weights themselves */
+enum { LINEAR_VNNI, LINEAR_DOT, LINEAR_AMX }; /* weights packed by pack_vnni, the bf16 weights, or packed by pack_amx */
 enum {
     ST_ROWS, ST_HIDDEN, ST_HQ, ST_HKV, ST_HEAD_DIM, ST_INTER, ST_SLOTS, ST_TABLES, ST_MAX_BLOCKS, ST_LENS,
     ST_POSITIONS, ST_COS, ST_SIN, ST_K_CACHE, ST_V_CACHE, ST_LAYER_STRIDE, ST_BLOCK_SIZE, ST_SCRATCH,
@@ -1009,7 +1023,8 @@ enum {
 
 static void fused_linear(int64_t kind, const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* bias,
                          uint16_t* y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (kind == LINEAR_VNNI) parrot_linear_vnni(x, ldx, w, bias, y, M, N, K, threads);
+    if (kind == LINEAR_AMX) parrot_linear_amx(x, ldx, w, bias, y, M, N, K, threads);
+    else if (kind == LINEAR_VNNI) parrot_linear_vnni(x, ldx, w, bias, y, M, N, K, threads);
     else parrot_linear_bf16(x, ldx, w, bias, y, M, N, K, threads);
 }
 

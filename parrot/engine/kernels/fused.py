@@ -41,7 +41,7 @@ from parrot.engine.model.layers import RMSNorm
 from parrot.engine.model.llama import AttendFn, DecoderLayer
 from parrot.engine.model.rope import RotaryStep
 
-LINEAR_VNNI, LINEAR_DOT = 0, 1  # the LY_LINEAR_KIND values of cpu_kernels.c
+LINEAR_VNNI, LINEAR_DOT, LINEAR_AMX = 0, 1, 2  # the LY_LINEAR_KIND values of cpu_kernels.c
 
 
 @dataclass(frozen=True)
@@ -248,8 +248,12 @@ class FusedDecoderLayer(DecoderLayer):
         invariant = {lin.ROW_INVARIANT for lin in linears}
         if len(linears) < 4:
             return None
-        if invariant == {True}:  # ops.linear: the VNNI kernel over packed weights, at any row count
-            kind, packs = LINEAR_VNNI, [lin.packed.get(lin.weight) for lin in linears]
+        if invariant == {True}:  # ops.linear: the AMX or VNNI kernel over packed weights, at any row count
+            packs = [lin.packed.get(lin.weight) for lin in linears]
+            layouts = {None if p is None else p.dim() for p in packs}
+            if layouts not in ({5}, {4}):
+                return None  # (mixed layouts, or a weight on the dot kernel: per op)
+            kind = LINEAR_AMX if layouts == {5} else LINEAR_VNNI
         elif invariant == {False} and n <= ops.DOT_MAX_ROWS:  # ops.linear: the dot kernel
             kind, packs = LINEAR_DOT, [lin.weight for lin in linears]
         else:

@@ -1,11 +1,12 @@
 """The batch-invariant transform: `apply_batch_invariant(model)` swaps a loaded model's projections
 and LM head, in place, for pieces whose per-row result does not depend on how many rows the step
-has (`ops.linear(..., row_invariant=True)`: the VNNI kernel over weights packed by
-`ops.pack_vnni` at every row count, or torch one row at a time where no kernel can run; a float32
+has (`ops.linear(..., row_invariant=True)`: the AMX kernel where AMX runs, else the VNNI kernel,
+over weights packed by `ops.pack_row_invariant` at every row count, or torch one row at a time
+where no kernel can run; a float32
 model's block pieces take the block kernels at every row count, blocks.py).
 
 Why only these: a matmul library picks its kernel (and so its summation order) by the number of
-rows: the dot kernel up to 4 rows, AMX up to 128, oneDNN above, each rounding differently. The
+rows: the dot kernel up to 4 rows, AMX up to 512, oneDNN above, each rounding differently. The
 model's other pieces already reduce per row in a fixed order (RMSNorm, RoPE, SiLU*up and the
 embedding, native or torch), and attention is the backend's business (attention/rowwise.py).
 Applied after `apply_native` (it replaces native projections too); applying it twice replaces

@@ -36,7 +36,7 @@ _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes
 # (tests/engine/test_kernel_signatures.py parses the C signatures and checks them against it).
 SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_linear_bf16": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
-    "parrot_linear_amx": (_INT, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),  # -1: out of memory
+    "parrot_linear_amx": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_linear_vnni": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_amx_init": (_INT, []),  # 1: the OS granted the AMX tile state
     # Decode attention: the number of work items that could not allocate (0 on success).

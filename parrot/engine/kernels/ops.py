@@ -4,12 +4,15 @@
 - at most `DOT_MAX_ROWS` rows (decode of a few sequences, their LM head): an AVX512-BF16 kernel
   that streams each weight row once for all rows (~15 GB/s against ~8 for oneDNN's bf16 gemv);
 - up to `AMX_MAX_ROWS` rows, with weights prepacked once by `pack_amx` into AMX tiles: an AMX
-  kernel that reads each weight tile once per pass (about 1.5x oneDNN at 32 rows);
+  kernel that reads a panel of rows once per column block (2-3.4 TFLOP/s from 32 rows on two
+  Sapphire-Rapids-class cores, 1.3-2.2x oneDNN at 32-128 rows);
 - anything else (float32, big prefill chunks, odd shapes, autograd): torch.
 With `row_invariant` (the batch-invariant mode), every row count runs one kernel whose per-row sum
-walks K in the same order whatever the other rows: the VNNI kernel over weights prepacked by
-`pack_vnni` (the dot kernel for weights it cannot take), with `rowwise_linear` as the torch fallback.
-Both kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
+walks K in the same order whatever the other rows: the AMX kernel where AMX runs, else the VNNI
+kernel, over weights prepacked by `pack_row_invariant` (the dot kernel for weights neither takes),
+with `rowwise_linear` as the torch fallback. AMX and VNNI round differently (about one output in
+5,000 differs), so one machine runs one of them at every row count.
+The kernels accumulate in fp32, in another order than oneDNN, so roughly one output in 5,000
 differs from `F.linear` by one bf16 ulp; a model without the native transform is the bit-exact
 torch reference. The elementwise steps (RMSNorm with the residual add, RoPE, SiLU*up) round where
 the references in parrot.engine.model round; their reductions run in another order. They take
@@ -31,7 +34,7 @@ from parrot.engine.model.layers import add_rms_norm_reference, rms_norm_referenc
 from parrot.engine.model.rope import RotaryStep
 
 DOT_MAX_ROWS = 4  # the AVX512 dot kernel up to here, then AMX
-AMX_MAX_ROWS = 128  # above this oneDNN's blocking wins (measured: AMX 1.13x at 128 rows, 0.86x at 512)
+AMX_MAX_ROWS = 512  # above this oneDNN can win (AMX/oneDNN measured: 1.1-1.3x at 512 rows, 0.8-1.1x at 2,048)
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor | None:
@@ -59,6 +62,13 @@ def pack_vnni(weight: torch.Tensor) -> torch.Tensor | None:
     return weight.detach().view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
+def pack_row_invariant(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` packed for the batch-invariant mode's one kernel: AMX tiles where AMX takes it
+    (`pack_amx`, 5-d), else the VNNI layout (`pack_vnni`, 4-d), else None (the dot kernel)."""
+    packed = pack_amx(weight)
+    return packed if packed is not None else pack_vnni(weight)
+
+
 def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` one row at a time: each row takes torch's one-row path, so its result does not
     depend on the other rows (the batch-invariant fallback where no native kernel runs; slow)."""
@@ -76,8 +86,9 @@ def linear(
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`; bf16 steps of up to AMX_MAX_ROWS rows run natively
     (`packed` = `pack_amx(weight)` enables the AMX path for more than DOT_MAX_ROWS rows).
-    `row_invariant`: any number of rows on one kernel, `packed` = `pack_vnni(weight)` (the VNNI
-    kernel; None: the dot kernel), else `rowwise_linear`."""
+    `row_invariant`: any number of rows on one kernel, `packed` = `pack_row_invariant(weight)` (AMX
+    tiles: the AMX kernel; the VNNI layout: the VNNI kernel; None: the dot kernel), else
+    `rowwise_linear`."""
     fallback = rowwise_linear if row_invariant else F.linear
     lib = load()
     if (
@@ -96,7 +107,7 @@ def linear(
     m, k = x.shape
     n = weight.shape[0]
     if row_invariant and packed is not None:
-        fn = lib.parrot_linear_vnni
+        fn = lib.parrot_linear_amx if packed.dim() == 5 else lib.parrot_linear_vnni
         w = packed
     elif m <= DOT_MAX_ROWS or row_invariant:
         fn = lib.parrot_linear_bf16
@@ -110,8 +121,7 @@ def linear(
         raise ValueError(f"linear: x has {k} features, weight expects {weight.shape[1]}")
     y = torch.empty(m, n, dtype=torch.bfloat16)
     bias_ptr = None if bias is None else bias.data_ptr()
-    if fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()):
-        return F.linear(x, weight, bias)  # the AMX kernel could not allocate its padded input
+    fn(x.data_ptr(), x.stride(0), w.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads())
     return y
 
 

@@ -1,7 +1,8 @@
 """The native pieces of the model: subclasses of its torch pieces (model/layers.py, model/rope.py)
 that run the native CPU kernels, swapped in by `transform.apply_native`.
 
-`NativeLinear` (AVX512 dot kernel for a few rows, AMX over prepacked weights up to AMX_MAX_ROWS),
+`NativeLinear` (AVX512 dot kernel for a few rows, AMX over prepacked weights up to AMX_MAX_ROWS;
+in the batch-invariant mode AMX, else VNNI, at every row count),
 `NativeRMSNorm` (fused with the residual add), `NativeSiluMul`, `NativeRotary` (in place) and
 `NativeLMHead`. Each keeps its torch parent's path for inputs the kernels do not take, and shares
 its parameters with the piece it replaced (nothing is copied; loading still works).
@@ -70,7 +71,7 @@ class NativeLinear(Linear):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
+        self.packed = PackedWeight(ops.pack_row_invariant if self.ROW_INVARIANT else ops.pack_amx)
 
     @classmethod
     def of(cls, linear: Linear) -> Self:
@@ -119,7 +120,7 @@ class NativeLMHead(LMHead):
 
     def __init__(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
         super().__init__(hidden_size, vocab_size, tied)
-        self.packed = PackedWeight(ops.pack_vnni if self.ROW_INVARIANT else ops.pack_amx)
+        self.packed = PackedWeight(ops.pack_row_invariant if self.ROW_INVARIANT else ops.pack_amx)
 
     @classmethod
     def of(cls, head: LMHead) -> Self:
