@@ -2,7 +2,7 @@
 interleaved), one with `EngineConfig.cpu_kernels` (the native transform, native decode attention
 and sampling), one without.
 
-    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused | --attention-ab |
+    python -m benchmarks.kernel_ab [d1 d8 d32 d64 p128 p512 p2048] [--fused | --attention-ab | --amx-attention-ab |
         --float32-ab elementwise|onednn] [--prompt-len N]
 
 dN: one decode step with N sequences (32-token prompts), driven in this thread through
@@ -23,6 +23,9 @@ its pieces: `elementwise`, RMSNorm / RoPE / SiLU*up on the kernels or on torch's
 steps above `blocks.MAX_ROWS` (40) rows on oneDNN's prepacked weights or on torch's matmul (MKL);
 `rows`, steps of 41-64 rows on oneDNN or on the block kernels (their limit before: 64). E.g.
 `python -m benchmarks.kernel_ab d40 d48 d56 d64 --float32-ab rows --prompt-len 48 --rounds 6`.
+
+--amx-attention-ab (a bf16 engine on an AMX CPU): one engine, by turns its paged decode and prefill
+attention on AMX tiles (the default there) and on AVX512-BF16 (`kernels.attention_amx`).
 
 --fused: one engine on the native kernels (bf16, or float32 over the block kernels), by turns
 running each decoder layer in one native call (kernels.FusedDecoderLayer, the default) and the
@@ -113,6 +116,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fused", action="store_true", help="fused layers vs the per-op native path")
     ap.add_argument("--attention-ab", action="store_true", help="native decode attention vs torch, one engine")
+    ap.add_argument("--amx-attention-ab", action="store_true", help="attention on AMX vs AVX512-BF16, one engine")
     ap.add_argument("--float32-ab", choices=["elementwise", "onednn", "rows"], help="a float32 piece on or off")
     ap.add_argument("--prompt-len", type=int, default=32, help="decode cases: each sequence's prompt tokens")
     ap.add_argument("--no-batch-invariant", action="store_true", help="the per-context mode (default: auto)")
@@ -133,7 +137,8 @@ def main() -> None:
         config = dataclasses.replace(config, attention=a.attention)
     backends = {}
     switch: Callable[[bool], None] | None = None  # --float32-ab: turns the piece on or off
-    if a.fused or a.attention_ab or a.float32_ab:  # one engine, two paths by turns: the same memory, KV, weights
+    one_engine = a.fused or a.attention_ab or a.float32_ab or a.amx_attention_ab
+    if one_engine:  # one engine, two paths by turns: the same memory, KV, weights
         engine = LLMEngine(config)
         engines = {True: engine}
         timers = {on: StepTimer(engine, seed=int(on)) for on in (True, False)}  # (no prefix cache hits)
@@ -145,6 +150,10 @@ def main() -> None:
             backends = {True: built, False: torch_path}
         if a.float32_ab:
             switch = float32_switch(engine, a.float32_ab)
+        if a.amx_attention_ab:
+            if not kernels.attention_amx():
+                raise SystemExit("attention does not run on AMX here (no AMX, or the OS refused its tile state)")
+            switch = kernels.attention_amx
     else:
         engines = {on: LLMEngine(dataclasses.replace(config, cpu_kernels=on)) for on in (True, False)}
         timers = {native: StepTimer(engine) for native, engine in engines.items()}  # same prompts for both
@@ -161,6 +170,8 @@ def main() -> None:
         what = f"{type(backends[True]).__name__} decode attention, native vs torch"
     if a.float32_ab:
         what = f"float32 {a.float32_ab} on vs off"
+    if a.amx_attention_ab:
+        names, what = ("AMX", "AVX512-BF16"), "paged attention on AMX vs AVX512-BF16"
     print(f"{DEFAULT_MODEL} {dtype}, {a.threads} threads, {mode} mode: best of {a.rounds}, {what} ({status})")
     for engine in engines.values():
         engine.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,23 @@ def test_engines_with_and_without_kernels_side_by_side(
     finally:
         for engine in (torch_engine, native_engine):
             engine.stop()
+
+
+def test_the_libraries_build_wherever_the_cpu_and_a_compiler_allow() -> None:
+    """A C file that stops compiling must fail here, not turn every kernel test into a skip."""
+    import shutil
+
+    from parrot.engine.cpu_features import AMX_FLAGS, BF16_DOT_FLAGS, cpu_flags, x86_linux
+    from parrot.engine.kernels import library
+
+    if not x86_linux() or (shutil.which("gcc") is None and not os.environ.get("CC")):
+        pytest.skip("not an x86-64 Linux machine with a C compiler")
+    if not library.BLOCKS_CPU_FLAGS - cpu_flags():
+        assert library.blocks_status() == "avx2_fma"
+    if not BF16_DOT_FLAGS - cpu_flags():
+        assert kernels.status() in ("avx512_bf16+amx", "avx512_bf16"), kernels.status()
+        if not AMX_FLAGS - cpu_flags() and kernels.status() == "avx512_bf16+amx":
+            assert kernels.attention_amx()  # attention follows the linears onto AMX
 
 
 def test_build_says_why_the_library_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from parrot.engine.kernels.blocks import BlockLinear, BlockLMHead, BlocksReport, apply_blocks
 from parrot.engine.kernels.decode import (
     CascadePieces,
+    attention_amx,
     cascade_decode,
     paged_decode,
     paged_decode_on,
@@ -76,6 +77,7 @@ __all__ = [
     "apply_elementwise",
     "apply_native",
     "argmax_logsumexp",
+    "attention_amx",
     "available",
     "cascade_decode",
     "cpu_supports_bf16_dot",

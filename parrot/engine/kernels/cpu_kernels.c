@@ -213,8 +213,24 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Ask the kernel for the AMX tile state (once per process); 1 on success. */
-int parrot_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+static int amx_granted = 0;   /* the OS granted this process the tile state (parrot_amx_init) */
+static int amx_attention = 0; /* the paged decode and prefill kernels attend on AMX (see below) */
+
+/* Ask the kernel for the AMX tile state (once per process; the caller checked the CPU flags); 1 on
+ * success, and then attention runs on AMX too. */
+int parrot_amx_init(void) {
+    amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    amx_attention = amx_granted;
+    return amx_granted;
+}
+
+/* Attention on AMX (on > 0, where granted) or on AVX512-BF16 (on == 0); on < 0 only asks. Returns
+ * whether it runs on AMX now. The two round differently: an engine keeps one for its life (the
+ * benchmarks and tests switch between engines' steps, never inside one). */
+int parrot_attention_amx(int on) {
+    if (on >= 0) amx_attention = on && amx_granted;
+    return amx_attention;
+}
 
 /* Tiles 0-3: C (rows x 16 fp32); 4, 5: x (rows x 32 bf16); 6, 7: w (16 feature pairs x 32 bf16). */
 static void amx_configure(int64_t rows) {
@@ -633,6 +649,95 @@ static inline __attribute__((always_inline)) void attend_tile_direct(const uint1
     }
 }
 
+/* ---- The same tiles on AMX ---------------------------------------------------------------------
+ * Where AMX runs, decode and prefill rows alike take this path (parrot_attention_amx): the packed
+ * tiles above are already the layouts tdpbf16ps reads as its second operand (K: per 16 keys, rows
+ * of dim pairs; V: per 32 keys, rows of key pairs), and the rows' queries and weights are its first
+ * (16 rows per tile, padded with zero rows). Per tile and row: the 64 scores from four C tiles
+ * summed over D in 32-dim steps, scaled and masked as above; the same online softmax; then the
+ * output o * alpha loaded into C tiles and the weighted V added in two 32-key steps. A row's
+ * arithmetic depends on its query, its keys and the tile grid only (masked keys add exact zeros,
+ * padding rows are never read back), so a decode row and the same token in a prefill chunk of any
+ * size have the same bits, as on the AVX512 path, which rounds differently (one engine, one path). */
+static inline __attribute__((always_inline)) void attend_tile_amx(const uint16_t* qb, const int64_t* last,
+                                                                  int64_t NR, int64_t t0, const uint16_t* kp,
+                                                                  const uint16_t* vp, float scale, RowState st,
+                                                                  const int64_t D) {
+    _Alignas(64) float c[4][256];
+    for (int64_t rb = 0; rb < NR; rb += 16) { /* scores: tiles 0-3 the key groups, 4 the queries, 6/7 K */
+        const int64_t nr = NR - rb < 16 ? NR - rb : 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t k = 0; k < D / 32; k++) {
+            _tile_loadd(4, qb + rb * D + 32 * k, D * 2);
+            _tile_loadd(6, kp + (0 * (D / 2) + 16 * k) * 32, 64);
+            _tile_loadd(7, kp + (1 * (D / 2) + 16 * k) * 32, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(6, kp + (2 * (D / 2) + 16 * k) * 32, 64);
+            _tile_loadd(7, kp + (3 * (D / 2) + 16 * k) * 32, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(3, 4, 7);
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t vis = last[rb + r] + 1 - t0;
+            for (int64_t j = 0; j < 4; j++)
+                _mm512_storeu_ps(st.s + (rb + r) * PA_KT + 16 * j,
+                                 masked_scores(_mm512_load_ps(c[j] + r * 16), vis - 16 * j, scale));
+        }
+    }
+    softmax_tile(st, NR);
+    for (int64_t rb = 0; rb < NR; rb += 16) { /* o = o * alpha + w V: tiles 0-3 output dims, 4 w, 6 V */
+        const int64_t nr = NR - rb < 16 ? NR - rb : 16;
+        for (int64_t r = 0; r < nr; r++) {
+            const __m512 a = _mm512_set1_ps(st.alpha[rb + r]);
+            for (int64_t d = 0; d < D; d += 16)
+                _mm512_storeu_ps(st.o + (rb + r) * D + d, _mm512_mul_ps(_mm512_loadu_ps(st.o + (rb + r) * D + d), a));
+        }
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            const int64_t nt = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
+            for (int64_t t = 0; t < nt; t++) {
+                float* o = st.o + rb * D + d0 + 16 * t;
+                if (t == 0) _tile_loadd(0, o, D * 4);
+                if (t == 1) _tile_loadd(1, o, D * 4);
+                if (t == 2) _tile_loadd(2, o, D * 4);
+                if (t == 3) _tile_loadd(3, o, D * 4);
+            }
+            for (int64_t kb = 0; kb < 2; kb++) {
+                _tile_loadd(4, st.w + rb * PA_KT + 32 * kb, PA_KT * 2);
+                const uint16_t* v = vp + (16 * kb * D + d0) * 2;
+                _tile_loadd(6, v, D * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                if (nt > 1) {
+                    _tile_loadd(7, v + 32, D * 4);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (nt > 2) {
+                    _tile_loadd(6, v + 64, D * 4);
+                    _tile_dpbf16ps(2, 4, 6);
+                }
+                if (nt > 3) {
+                    _tile_loadd(7, v + 96, D * 4);
+                    _tile_dpbf16ps(3, 4, 7);
+                }
+            }
+            for (int64_t t = 0; t < nt; t++) {
+                float* o = st.o + rb * D + d0 + 16 * t;
+                if (t == 0) _tile_stored(0, o, D * 4);
+                if (t == 1) _tile_stored(1, o, D * 4);
+                if (t == 2) _tile_stored(2, o, D * 4);
+                if (t == 3) _tile_stored(3, o, D * 4);
+            }
+        }
+    }
+}
+
 static inline void start_rows(RowState st, int64_t NR, int64_t D) {
     for (int64_t r = 0; r < NR; r++) st.m[r] = -INFINITY, st.l[r] = 0.0f, st.nan[r] = 0;
     memset(st.o, 0, (size_t)(NR * D * 4));
@@ -687,6 +792,48 @@ static inline __attribute__((always_inline)) void decode_task(
     finish_rows(st, G, dst, D);
 }
 
+/* One decode work item on AMX: its G rows (padded to 16) against each tile packed in turn; the
+ * next tile's K and V rows are prefetched into L2 while this one is attended. */
+static inline __attribute__((always_inline)) void decode_task_amx(
+    const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc, const int64_t* tables,
+    int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t task, int64_t Hkv, int64_t bs, float scale,
+    const int64_t G, const int64_t D) {
+    const int64_t b = task / Hkv, h = task % Hkv, L = lens[b], Hq = Hkv * G, row = Hkv * D;
+    const int64_t* table = tables + b * max_blocks;
+    _Alignas(64) uint16_t qb[16 * MAX_HEAD_DIM], w[16 * PA_KT], kp[PA_KT * MAX_HEAD_DIM], vp[PA_KT * MAX_HEAD_DIM];
+    _Alignas(64) float s[16 * PA_KT], o[16 * MAX_HEAD_DIM];
+    float m[16], l[16], alpha[16];
+    int nan[16];
+    int64_t last[16];
+    const RowState st = {m, l, alpha, o, s, w, nan};
+    uint16_t* dst[MAX_GROUP];
+    memset(qb, 0, sizeof qb);
+    memset(w, 0, sizeof w);
+    memset(o, 0, (size_t)(16 * D * 4));
+    for (int64_t g = 0; g < G; g++) {
+        memcpy(qb + g * D, q + b * q_stride + (h * G + g) * D, (size_t)D * 2);
+        dst[g] = out + b * Hq * D + (h * G + g) * D, last[g] = L - 1;
+    }
+    start_rows(st, G, D);
+    for (int64_t t0 = 0; t0 < L; t0 += PA_KT) {
+        const int64_t n = L - t0 < PA_KT ? L - t0 : PA_KT, after = L - t0 - n < PA_KT ? L - t0 - n : PA_KT;
+        if (after > 0) {
+            const uint16_t* rows[PA_KT];
+            int64_t blk = (t0 + n) / bs, off = (t0 + n) % bs;
+            next_rows(kc, table, &blk, &off, after, bs, row, h * D, rows);
+            for (int64_t i = 0; i < after; i++)
+                for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
+            blk = (t0 + n) / bs, off = (t0 + n) % bs;
+            next_rows(vc, table, &blk, &off, after, bs, row, h * D, rows);
+            for (int64_t i = 0; i < after; i++)
+                for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
+        }
+        pack_tile(kc, vc, table, t0, n, bs, row, h, kp, vp, D);
+        attend_tile_amx(qb, last, G, t0, kp, vp, scale, st, D);
+    }
+    finish_rows(st, G, dst, D);
+}
+
 /* q: [B, Hq, D] rows q_stride apart; kc/vc: one layer's cache [blocks, bs, Hkv, D]; tables:
  * [B, max_blocks]; lens: [B] (>= 1); out: [B, Hq * D]. D % 32 == 0, D <= 256, Hq / Hkv <= 16.
  * Returns 0 (work items that could not allocate: none allocate). */
@@ -694,11 +841,21 @@ int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t*
                             const int64_t* tables, int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t B,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
     const int64_t G = Hq / Hkv;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * Hkv; task++) {
+    const int amx = amx_attention;
+#pragma omp parallel num_threads(num_threads)
+    {
+        if (amx) amx_configure(16);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < B * Hkv; task++) {
 #define DECODE_TASK(GG, DD) decode_task(q, q_stride, kc, vc, tables, max_blocks, lens, out, task, Hkv, bs, scale, GG, DD)
-        WITH_HEAD_SHAPE(G, D, DECODE_TASK);
+#define DECODE_TASK_AMX(GG, DD) \
+    decode_task_amx(q, q_stride, kc, vc, tables, max_blocks, lens, out, task, Hkv, bs, scale, GG, DD)
+            if (amx) WITH_HEAD_SHAPE(G, D, DECODE_TASK_AMX);
+            else WITH_HEAD_SHAPE(G, D, DECODE_TASK);
 #undef DECODE_TASK
+#undef DECODE_TASK_AMX
+        }
+        if (amx) _tile_release();
     }
     return 0;
 }
@@ -707,17 +864,20 @@ int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t*
  * tiles packed beforehand; 1 if its buffers could not be allocated. */
 static inline __attribute__((always_inline)) int64_t prefill_task(
     const uint16_t* q, int64_t q_stride, const uint16_t* kpack, const uint16_t* vpack, int64_t T, int64_t S,
-    uint16_t* out, int64_t h, int64_t i0, int64_t i1, int64_t Hkv, float scale, const int64_t G, const int64_t D) {
+    uint16_t* out, int64_t h, int64_t i0, int64_t i1, int64_t Hkv, float scale, const int amx, const int64_t G,
+    const int64_t D) {
     const int64_t Hq = Hkv * G, past = S - T, NR = (i1 - i0) * G, tiles = (past + i1 + PA_KT - 1) / PA_KT;
-    float* f = aligned_alloc(64, (size_t)(NR * (PA_KT + D + 3) * 4 + 64));
-    uint16_t* w = aligned_alloc(64, (size_t)(NR * PA_KT * 2));
+    const int64_t NP = (NR + 15) / 16 * 16; /* rows padded to AMX's 16 (the padding zero, never read back) */
+    float* f = aligned_alloc(64, (size_t)(NP * (PA_KT + D + 3) * 4 + 64));
+    uint16_t* w = aligned_alloc(64, (size_t)(NP * PA_KT * 2));
+    uint16_t* qb = amx ? aligned_alloc(64, (size_t)(NP * D * 2)) : NULL;
     int* nan = malloc((size_t)(NR * sizeof(int)));
-    if (f == NULL || w == NULL || nan == NULL) {
-        free(f), free(w), free(nan);
+    if (f == NULL || w == NULL || nan == NULL || (amx && qb == NULL)) {
+        free(f), free(w), free(nan), free(qb);
         return 1;
     }
-    const RowState st = {f + NR * (PA_KT + D), f + NR * (PA_KT + D + 1), f + NR * (PA_KT + D + 2), f + NR * PA_KT,
-                         f, w, nan};
+    const RowState st = {f + NP * (PA_KT + D), f + NP * (PA_KT + D) + NR, f + NP * (PA_KT + D) + 2 * NR,
+                         f + NP * PA_KT, f, w, nan};
     const uint16_t* qrow[PA_QB * MAX_GROUP];
     uint16_t* dst[PA_QB * MAX_GROUP];
     int64_t last[PA_QB * MAX_GROUP];
@@ -726,10 +886,19 @@ static inline __attribute__((always_inline)) int64_t prefill_task(
         qrow[r] = q + i * q_stride + (h * G + g) * D, dst[r] = out + i * Hq * D + (h * G + g) * D, last[r] = past + i;
     }
     start_rows(st, NR, D);
-    for (int64_t t = 0; t < tiles; t++)
-        attend_tile(qrow, last, NR, t * PA_KT, kpack + t * PA_KT * D, vpack + t * PA_KT * D, scale, st, D);
+    if (amx) {
+        memset(qb, 0, (size_t)(NP * D * 2));
+        memset(w, 0, (size_t)(NP * PA_KT * 2));
+        memset(st.o, 0, (size_t)(NP * D * 4));
+        for (int64_t r = 0; r < NR; r++) memcpy(qb + r * D, qrow[r], (size_t)D * 2);
+        for (int64_t t = 0; t < tiles; t++)
+            attend_tile_amx(qb, last, NR, t * PA_KT, kpack + t * PA_KT * D, vpack + t * PA_KT * D, scale, st, D);
+    } else {
+        for (int64_t t = 0; t < tiles; t++)
+            attend_tile(qrow, last, NR, t * PA_KT, kpack + t * PA_KT * D, vpack + t * PA_KT * D, scale, st, D);
+    }
     finish_rows(st, NR, dst, D);
-    free(f), free(w), free(nan);
+    free(f), free(w), free(nan), free(qb);
     return 0;
 }
 
@@ -744,8 +913,10 @@ int64_t parrot_paged_prefill(const uint16_t* q, int64_t q_stride, const uint16_t
     const int64_t G = Hq / Hkv, tiles = (S + PA_KT - 1) / PA_KT, per_head = tiles * PA_KT * D;
     const int64_t qblocks = (T + PA_QB - 1) / PA_QB;
     int64_t failed = 0;
+    const int amx = amx_attention;
 #pragma omp parallel num_threads(num_threads)
     {
+        if (amx) amx_configure(16);
 #pragma omp for schedule(static)
         for (int64_t ht = 0; ht < Hkv * tiles; ht++) { /* every tile packed once, for all query blocks */
             const int64_t h = ht / tiles, t0 = ht % tiles * PA_KT, n = S - t0 < PA_KT ? S - t0 : PA_KT;
@@ -759,10 +930,11 @@ int64_t parrot_paged_prefill(const uint16_t* q, int64_t q_stride, const uint16_t
             const int64_t b = qblocks - 1 - task / Hkv, h = task % Hkv; /* the most keys first */
             const int64_t i0 = b * PA_QB, i1 = i0 + PA_QB < T ? i0 + PA_QB : T;
 #define PREFILL_TASK(GG, DD) \
-    prefill_task(q, q_stride, kpack + h * per_head, vpack + h * per_head, T, S, out, h, i0, i1, Hkv, scale, GG, DD)
+    prefill_task(q, q_stride, kpack + h * per_head, vpack + h * per_head, T, S, out, h, i0, i1, Hkv, scale, amx, GG, DD)
             failed += WITH_HEAD_SHAPE(G, D, PREFILL_TASK);
 #undef PREFILL_TASK
         }
+        if (amx) _tile_release();
     }
     return failed;
 }

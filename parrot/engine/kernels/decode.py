@@ -6,7 +6,8 @@ the step's prefixes and tails), then each row's tail, and merges them by log-sum
 `paged_prefill` is the causal attention of one prefill chunk over its sequence (flash-style; a
 row's result depends only on its sequence, not on how the prompt was chunked or on the step's
 other sequences). A bf16 cache runs the C kernels of cpu_kernels.c (`parrot_paged_decode`,
-`parrot_cascade_decode`, `parrot_paged_prefill`; AVX512-BF16); a float32 cache runs block_kernels.c's
+`parrot_cascade_decode`, `parrot_paged_prefill`; AVX512-BF16, and where the CPU has AMX the paged
+decode and prefill on AMX tiles: `attention_amx`); a float32 cache runs block_kernels.c's
 (AVX2 + FMA): `parrot_cascade_decode_f32` (per-context decode is its case of one piece per row) and
 `parrot_paged_prefill_f32` (another summation order than its decode: a prompt row and a decode
 row over the same keys agree to rounding, not bit for bit). An attention backend decides once,
@@ -39,6 +40,18 @@ def paged_prefill_on(cache_k: torch.Tensor, num_heads: int, num_kv_heads: int, h
     if cache_k.dtype == torch.float32 and head_dim % 16:
         return False
     return paged_decode_on(cache_k, num_heads, num_kv_heads, head_dim)
+
+
+def attention_amx(on: bool | None = None) -> bool:
+    """Whether the bf16 paged decode and prefill kernels attend on AMX (the default where the CPU
+    has it and the OS granted its tile state; else AVX512-BF16); `on` switches the process to one
+    or the other first (where AMX runs). Both paths give a row the same bits in decode and in
+    prefill, but not the same bits as each other: an engine must not switch between its steps
+    (benchmarks.kernel_ab --amx-attention-ab switches between timed steps of one engine)."""
+    lib = load()
+    if lib is None:
+        return False
+    return bool(lib.parrot_attention_amx(-1 if on is None else int(on)))
 
 
 def prefill_matches_decode(cache_k: torch.Tensor) -> bool:

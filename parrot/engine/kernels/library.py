@@ -29,7 +29,10 @@ from parrot.engine.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
-_FLAGS += ["-shared", "-fPIC"]
+# No contraction of a * b + c into FMAs: gcc chose per inlined copy, so the decode and prefill
+# kernels' shared softmax summed one row's weights with and without an FMA (an fp32 ulp, about one
+# output in 5,000 a bf16 ulp apart: seen on a Xeon). The kernels' FMAs are written as intrinsics.
+_FLAGS += ["-ffp-contract=off", "-shared", "-fPIC"]
 
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 # name -> (restype, argtypes): the ctypes view of every function cpu_kernels.c exports, in one table
@@ -39,6 +42,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "parrot_linear_amx": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_linear_vnni": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]),
     "parrot_amx_init": (_INT, []),  # 1: the OS granted the AMX tile state
+    "parrot_attention_amx": (_INT, [_INT]),  # 1, 0: attention on AMX or not; -1: only ask
     # Decode attention: the number of work items that could not allocate (0 on success).
     "parrot_paged_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, *[_I64] * 5, _F32, _INT]),
     "parrot_cascade_decode": (_I64, [_PTR, _I64, _PTR, _PTR, _I64, *[_PTR] * 8, *[_I64] * 5, _F32, _INT]),
