@@ -41,16 +41,19 @@ def summarize(trace: list[StepRecord]) -> dict[str, KindSummary]:
     return out
 
 
-def start(server: Any) -> LLMEngine | None:
+def start(server: Any) -> tuple[LLMEngine, int] | None:
     """The builtin engine a benchmark server runs in this process (`LocalServer.engine.engine`),
-    its step trace started; None for any other server."""
+    its step trace started (or, when a profiler's trace is already on, the steps it holds), for
+    `stop`; None for any other server."""
     engine = getattr(getattr(server, "engine", None), "engine", None)
     if not isinstance(engine, LLMEngine):
         return None
-    engine.start_trace()
-    return engine
+    return engine, -1 if engine.start_trace() else len(engine.stop_trace(keep=True))
 
 
-def stop(engine: LLMEngine) -> dict[str, dict[str, Any]]:
-    """The steps traced since `start`, by kind (JSON-ready); the trace stops."""
-    return {k: asdict(v) for k, v in summarize(engine.stop_trace()).items()}
+def stop(traced: tuple[LLMEngine, int]) -> dict[str, dict[str, Any]]:
+    """The steps traced since `start`, by kind (JSON-ready); the trace stops if `start` began it
+    (a profiler's goes on: `benchmarks.step_profile` reads every step of the same runs)."""
+    engine, before = traced
+    steps = engine.stop_trace() if before < 0 else engine.stop_trace(keep=True)[before:]
+    return {k: asdict(v) for k, v in summarize(steps).items()}

@@ -14,7 +14,6 @@ and frees notify it.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import logging
@@ -195,16 +194,16 @@ class LLMEngine:
                 batch_invariant=self.batch_invariant,
             )
 
-    def start_trace(self, max_steps: int = 100_000) -> None:
-        """Record every step from now on (the most recent `max_steps`), for profiling."""
+    def start_trace(self, max_steps: int = 100_000) -> bool:
+        """Record every step from now on (the most recent `max_steps`), for profiling: True; a
+        trace already on (another profiler's) goes on as it was: False."""
         with self._cv:
-            self.meter.trace = collections.deque(maxlen=max_steps)
+            return self.meter.start_trace(max_steps)
 
-    def stop_trace(self) -> list[StepRecord]:
-        """The steps recorded since `start_trace`, oldest first; recording stops."""
+    def stop_trace(self, keep: bool = False) -> list[StepRecord]:
+        """The steps recorded since `start_trace`, oldest first; recording stops unless `keep`."""
         with self._cv:
-            trace, self.meter.trace = self.meter.trace or (), None
-            return list(trace)
+            return self.meter.stop_trace(keep)
 
     def context_info(self, context_id: str) -> ContextInfo:
         with self._cv:

@@ -47,6 +47,18 @@ class StepMeter:
         if decoding:
             self.tpot_ms = ms if self.tpot_ms == 0 else 0.8 * self.tpot_ms + 0.2 * ms
 
+    def start_trace(self, max_steps: int) -> bool:
+        if self.trace is not None:
+            return False
+        self.trace = collections.deque(maxlen=max_steps)
+        return True
+
+    def stop_trace(self, keep: bool) -> list[StepRecord]:
+        trace = list(self.trace or ())
+        if not keep:
+            self.trace = None
+        return trace
+
     def record(self, seqs: list[ScheduledSeq], started: float, elapsed_s: float, planned: float, kv: int) -> None:
         """Append the step that ran `seqs` to the trace, if one is on (`planned`: when its
         scheduling began, time.perf_counter(); `kv`: its sequences' lengths after it, summed)."""

@@ -224,3 +224,26 @@ def test_step_trace_records_each_step_by_kind(tiny_model_folder: Path) -> None:
         assert engine.stop_trace() == []  # stopped: nothing more is recorded
     finally:
         engine.stop()
+
+
+def test_a_trace_inside_a_profilers_trace_leaves_it_whole(tiny_model_folder: Path) -> None:
+    """benchmarks.run traces each builtin run for its step kinds; benchmarks.step_profile traces
+    the same runs around it: the inner start/stop must neither reset nor end the outer trace."""
+    from benchmarks import step_kinds
+
+    engine = make_engine(tiny_model_folder, block_size=16, max_num_batched_tokens=64)
+    server = type("Server", (), {"engine": type("Async", (), {"engine": engine})()})()
+    try:
+        assert engine.start_trace()  # the profiler's
+        sync_client.fill(engine, FillRequest(context_id="a", token_ids=prompt(1, 10)))
+        inner = step_kinds.start(server)
+        assert inner == (engine, 1)  # a trace was on, with one step: kept
+        sync_client.fill(engine, FillRequest(context_id="b", token_ids=prompt(2, 100)))
+        assert step_kinds.stop(inner)["prefill"]["steps"] == 2  # its own steps only
+        assert [r.num_prefill_tokens for r in engine.stop_trace()] == [9, 64, 35]  # the outer trace, whole
+        inner = step_kinds.start(server)  # no trace on: its own, ended by stop
+        assert inner == (engine, -1)
+        sync_client.fill(engine, FillRequest(context_id="c", token_ids=prompt(3, 10)))
+        assert step_kinds.stop(inner)["prefill"]["steps"] == 1 and engine.stop_trace() == []
+    finally:
+        engine.stop()
