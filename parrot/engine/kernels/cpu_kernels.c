@@ -652,17 +652,18 @@ static inline __attribute__((always_inline)) void attend_tile_direct(const uint1
 }
 
 /* ---- The same tiles on AMX ---------------------------------------------------------------------
- * Where AMX runs, decode and prefill rows alike take this path (parrot_attention_amx), in blocks of
- * 16 rows with the rows in vector lanes: scores come out of tdpbf16ps transposed (S^T = K Q^T: a
- * key per tile row, K rows read as they lie in the cache), so the online softmax of 16 rows is
+ * Where AMX runs (parrot_attention_amx), a prefill chunk attends in blocks of 16 rows with the rows
+ * in vector lanes: scores come out of tdpbf16ps transposed (S^T = K Q^T: a key per tile row, K
+ * packed per tile as plain rows), so the online softmax of 16 rows is
  * plain vector arithmetic over 64 key vectors (no horizontal reductions, one e^x for the 16 rows'
  * rescale), and the output is kept transposed too (O^T += V^T W^T, V packed per tile as dims x
  * keys). Per tile and row: the scores summed over D in 32-dim steps, scaled, keys past the row's
  * last -inf; the running max, the rescale e^(m - m'), the weights e^(s - m') (rounded to bf16 for
  * the V sum) and the running sum, in fp32, in one order; O^T * rescale, then the weighted V added in
  * two 32-key steps. A row's arithmetic depends on its query, its keys and the tile grid only (the
- * lanes never mix; masked keys add exact zeros; padding rows are never read back), so a decode row
- * and the same token in a prefill chunk of any size have the same bits, as on the AVX512 path,
+ * lanes never mix; masked keys add exact zeros; padding rows are never read back). Decode rows take
+ * attend_rows_amx below: the same operations lane for lane with the rows as tile rows, so a decode
+ * row and the same token in a prefill chunk of any size have the same bits, as on the AVX512 path,
  * which rounds differently (one engine, one path). */
 typedef struct {
     uint16_t* qt;  /* the rows' queries as tdpbf16ps's second operand: [D/32][16 dim pairs][16 rows][2] */
@@ -703,11 +704,9 @@ static inline void amx_block_finish(AmxBlock b, uint16_t* const* dst, int64_t nr
     }
 }
 
-#define AMX_SCORE(J, A)                                   \
-    if (kg[J]) {                                          \
-        _tile_loadd(A, kg[J] + 32 * c, kstride * 2);      \
-        _tile_dpbf16ps(J, A, 6);                          \
-    }
+#define AMX_SCORE(J, A)                          \
+    _tile_loadd(A, kg[J] + 32 * c, kstride * 2); \
+    _tile_dpbf16ps(J, A, 6);
 #define AMX_PV(T, A)                                                           \
     if (nt > T) {                                                              \
         _tile_loadd(A, vt + (d0 + 16 * T) * PA_KT + 32 * kb, PA_KT * 2);       \
@@ -715,7 +714,7 @@ static inline void amx_block_finish(AmxBlock b, uint16_t* const* dst, int64_t nr
     }
 
 /* One tile of keys t0 .. t0+63 for a block: kg[j], the 16 K rows of keys 16j .. 16j+15, kstride
- * apart (NULL: none of them visible to any row); vt: the tile's V as [D][64 keys]. */
+ * apart (keys past the sequence zero rows); vt: the tile's V as [D][64 keys]. */
 static inline __attribute__((always_inline)) void attend_block_amx(AmxBlock b, const uint16_t* const* kg,
                                                                    int64_t kstride, int64_t t0, const uint16_t* vt,
                                                                    float scale, const int64_t D) {
@@ -895,12 +894,10 @@ static inline __attribute__((always_inline)) void pack_tile_amx(const uint16_t* 
     const uint16_t* krow[PA_KT];
     const uint16_t* vrow[PA_KT];
     int64_t blk = t0 / bs, off = t0 % bs;
-    if (kn != NULL) {
-        next_rows(kc, table, &blk, &off, n, bs, row, h * D, krow);
-        for (int64_t i = 0; i < PA_KT; i++) {
-            if (i < n) memcpy(kn + i * D, krow[i], (size_t)D * 2);
-            else memset(kn + i * D, 0, (size_t)D * 2);
-        }
+    next_rows(kc, table, &blk, &off, n, bs, row, h * D, krow);
+    for (int64_t i = 0; i < PA_KT; i++) {
+        if (i < n) memcpy(kn + i * D, krow[i], (size_t)D * 2);
+        else memset(kn + i * D, 0, (size_t)D * 2);
     }
     blk = t0 / bs, off = t0 % bs;
     next_rows(vc, table, &blk, &off, n, bs, row, h * D, vrow);
