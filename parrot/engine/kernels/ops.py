@@ -5,7 +5,7 @@
   that streams each weight row once for all rows (~15 GB/s against ~8 for oneDNN's bf16 gemv);
 - up to `AMX_MAX_ROWS` rows, with weights prepacked once by `pack_amx` into AMX tiles: an AMX
   kernel that reads a panel of rows once per column block (2-3.4 TFLOP/s from 32 rows on two
-  Sapphire-Rapids-class cores, 1.3-2.2x oneDNN at 32-128 rows);
+  cores of an AMX Xeon, 1.6-4x oneDNN's time at 32-128 rows);
 - anything else (float32, big prefill chunks, odd shapes, autograd): torch.
 With `row_invariant` (the batch-invariant mode), every row count runs one kernel whose per-row sum
 walks K in the same order whatever the other rows: the AMX kernel where AMX runs, else the VNNI
@@ -34,7 +34,7 @@ from parrot.engine.model.layers import add_rms_norm_reference, rms_norm_referenc
 from parrot.engine.model.rope import RotaryStep
 
 DOT_MAX_ROWS = 4  # the AVX512 dot kernel up to here, then AMX
-AMX_MAX_ROWS = 512  # above this oneDNN can win (AMX/oneDNN measured: 1.1-1.3x at 512 rows, 0.8-1.1x at 2,048)
+AMX_MAX_ROWS = 512  # above this oneDNN can win (oneDNN/AMX time: 1.06-1.34x at 512 rows, 0.79-1.07x at 2,048)
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor | None:
