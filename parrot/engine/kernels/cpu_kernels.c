@@ -12,7 +12,7 @@
  *    parrot_cascade_decode: the same with shared prefixes read once for all the rows sharing them;
  *    parrot_paged_prefill: the causal attention of a prefill chunk (flash-style, 2.4-3.7x the speed
  *    of torch's CPU SDPA on AVX512-BF16 without AMX). Where AMX runs, paged decode and prefill
- *    attend on AMX tiles (1.4-1.9x SDPA's prefill on a Xeon with AMX; decode within 5% of the
+ *    attend on AMX tiles (1.4-1.9x SDPA's prefill on a Xeon with AMX; decode 1.02-1.11x the
  *    AVX512 kernel), with one per-row arithmetic of their own (parrot_attention_amx).
  * 4. parrot_argmax_logsumexp: greedy choice and log-normalizer of bf16 logits.
  * 5. parrot_rmsnorm (with the residual add), parrot_rope, parrot_silu_mul: the per-layer
@@ -472,7 +472,8 @@ static inline __attribute__((always_inline)) void interleave_v(const uint16_t* a
 }
 
 /* One tile of KV head h: keys t0 .. t0+63 of a sequence (block table `table`), the first n valid
- * (the rest zero), into kp [4 groups of 16 keys][D/2 pairs][16 keys][2] and vp [32 key pairs][D][2]. */
+ * (the rest zero), into kp [4 groups of 16 keys][D/2 pairs][16 keys][2] (kp NULL: V only) and vp
+ * [32 key pairs][D][2]. */
 static inline __attribute__((always_inline)) void pack_tile(const uint16_t* kc, const uint16_t* vc,
                                                             const int64_t* table, int64_t t0, int64_t n, int64_t bs,
                                                             int64_t row, int64_t h, uint16_t* kp, uint16_t* vp,
@@ -480,10 +481,10 @@ static inline __attribute__((always_inline)) void pack_tile(const uint16_t* kc, 
     const uint16_t* krow[PA_KT];
     const uint16_t* vrow[PA_KT];
     int64_t blk = t0 / bs, off = t0 % bs;
-    next_rows(kc, table, &blk, &off, n, bs, row, h * D, krow);
+    next_rows(kc, table, &blk, &off, kp != NULL ? n : 0, bs, row, h * D, krow);
     blk = t0 / bs, off = t0 % bs;
     next_rows(vc, table, &blk, &off, n, bs, row, h * D, vrow);
-    for (int64_t j = 0; j < 4; j++)
+    for (int64_t j = 0; j < 4 && kp != NULL; j++)
         for (int64_t c = 0; c < D / 32; c++) { /* pairs 16c .. 16c+15 of keys 16j .. 16j+15 */
             __m512i r[16];
             for (int64_t i = 0; i < 16; i++)
@@ -787,50 +788,52 @@ static inline __attribute__((always_inline)) void attend_block_amx(AmxBlock b, c
     }
 }
 
-/* The same arithmetic with the rows as tile rows (decode: a token's G query heads share every key, so
- * the lanes hold keys and the softmax costs G rows, not 16): S = Q K^T and O += W V from the
- * AVX512 path's packed tiles (pack_tile: the same operands in the other roles, which tdpbf16ps
- * sums alike), each row's max, rescale, weights and sum computed lane for lane as attend_block_amx
- * computes them (its sum's order: keys i, 16+i, 32+i, 48+i, then the tree over i). `n` keys of the
- * tile are valid for every row; qb [G][D], o [G][D]; the thread's tiles configured with G rows
- * for the queries, weights and outputs (amx_configure(G)). */
-static inline __attribute__((always_inline)) void attend_rows_amx(const uint16_t* qb, int64_t G, int64_t n,
-                                                                  const uint16_t* kp, const uint16_t* vp, float scale,
-                                                                  float* o, float* m, float* l, int* nan,
+/* The same arithmetic for a decode work item (a token's G query heads share every key): the scores
+ * as attend_block_amx makes them (S^T = K Q^T, K rows read in place or copied, the G rows in lanes
+ * of qt), then each row's 64 scores gathered into key vectors, so its max, rescale, weights and sum
+ * cost G rows, not 16, lane for lane the operations of attend_block_amx (its sum's order: keys i,
+ * 16+i, 32+i, 48+i, then the tree over i); the weighted V as O += W V over the AVX512 path's
+ * interleaved V (pack_tile; tdpbf16ps sums a pair alike whichever operand holds which value).
+ * kg[j]: K rows of keys 16j .. (used while 16j < n), kstride apart; w [16][64] (rows past G zero),
+ * o [16][D] (rows past G unused). */
+static inline __attribute__((always_inline)) void attend_rows_amx(const uint16_t* qt, const uint16_t* const* kg,
+                                                                  int64_t kstride, int64_t G, int64_t n,
+                                                                  const uint16_t* vp, float scale, float* o,
+                                                                  uint16_t* w, float* m, float* l, int* nan,
                                                                   const int64_t D) {
-    _Alignas(64) float c[4][256];
-    _Alignas(64) uint16_t w[16 * PA_KT];
+    _Alignas(64) float st[PA_KT * 16];
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t k = 0; k < D / 32; k++) { /* S: tiles 0-3 keys 16j ..; 4 Q; 6/7 K^T */
-        _tile_loadd(4, qb + 32 * k, D * 2);
-        _tile_loadd(6, kp + (0 * (D / 2) + 16 * k) * 32, 64);
+    for (int64_t c = 0; c < D / 32; c++) { /* S^T: tiles 0-3 keys 16j ..; 4/5 K; 6 Q^T */
+        _tile_loadd(6, qt + c * 16 * 32, 64);
+        _tile_loadd(4, kg[0] + 32 * c, kstride * 2);
         _tile_dpbf16ps(0, 4, 6);
         if (n > 16) {
-            _tile_loadd(7, kp + (1 * (D / 2) + 16 * k) * 32, 64);
-            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, kg[1] + 32 * c, kstride * 2);
+            _tile_dpbf16ps(1, 5, 6);
         }
         if (n > 32) {
-            _tile_loadd(6, kp + (2 * (D / 2) + 16 * k) * 32, 64);
+            _tile_loadd(4, kg[2] + 32 * c, kstride * 2);
             _tile_dpbf16ps(2, 4, 6);
         }
         if (n > 48) {
-            _tile_loadd(7, kp + (3 * (D / 2) + 16 * k) * 32, 64);
-            _tile_dpbf16ps(3, 4, 7);
+            _tile_loadd(5, kg[3] + 32 * c, kstride * 2);
+            _tile_dpbf16ps(3, 5, 6);
         }
     }
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    _tile_stored(2, c[2], 64);
-    _tile_stored(3, c[3], 64);
+    _tile_stored(0, st, 64);
+    _tile_stored(1, st + 256, 64);
+    _tile_stored(2, st + 512, 64);
+    _tile_stored(3, st + 768, 64);
+    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t g = 0; g < G; g++) {
         __m512 sv[4], mx = ninf;
         __mmask16 bad = 0;
         for (int64_t j = 0; j < 4; j++) {
-            sv[j] = masked_scores(_mm512_load_ps(c[j] + g * 16), n - 16 * j, scale);
+            sv[j] = masked_scores(_mm512_i32gather_ps(column, st + 256 * j + g, 4), n - 16 * j, scale);
             bad |= _mm512_mask_cmp_ps_mask(n > 16 * j ? live_lanes(n - 16 * j) : 0, sv[j], sv[j], _CMP_UNORD_Q);
             mx = _mm512_max_ps(mx, sv[j]);
         }
@@ -885,21 +888,27 @@ static inline __attribute__((always_inline)) void attend_rows_amx(const uint16_t
     }
 }
 
-/* One tile of KV head h for AMX: keys t0 .. t0+63 (the first n valid, the rest zero) as K rows
- * kn [64][D] and V transposed, vt [D][64]. */
-static inline __attribute__((always_inline)) void pack_tile_amx(const uint16_t* kc, const uint16_t* vc,
-                                                                const int64_t* table, int64_t t0, int64_t n,
-                                                                int64_t bs, int64_t row, int64_t h, uint16_t* kn,
-                                                                uint16_t* vt, const int64_t D) {
+/* Keys t0 .. t0+63 of KV head h as plain rows kn [64][D] (the first n valid, the rest zero). */
+static inline void copy_k_rows(const uint16_t* kc, const int64_t* table, int64_t t0, int64_t n, int64_t bs,
+                               int64_t row, int64_t h, uint16_t* kn, const int64_t D) {
     const uint16_t* krow[PA_KT];
-    const uint16_t* vrow[PA_KT];
     int64_t blk = t0 / bs, off = t0 % bs;
     next_rows(kc, table, &blk, &off, n, bs, row, h * D, krow);
     for (int64_t i = 0; i < PA_KT; i++) {
         if (i < n) memcpy(kn + i * D, krow[i], (size_t)D * 2);
         else memset(kn + i * D, 0, (size_t)D * 2);
     }
-    blk = t0 / bs, off = t0 % bs;
+}
+
+/* One tile of KV head h for AMX: keys t0 .. t0+63 (the first n valid, the rest zero) as K rows
+ * kn [64][D] and V transposed, vt [D][64]. */
+static inline __attribute__((always_inline)) void pack_tile_amx(const uint16_t* kc, const uint16_t* vc,
+                                                                const int64_t* table, int64_t t0, int64_t n,
+                                                                int64_t bs, int64_t row, int64_t h, uint16_t* kn,
+                                                                uint16_t* vt, const int64_t D) {
+    const uint16_t* vrow[PA_KT];
+    copy_k_rows(kc, table, t0, n, bs, row, h, kn, D);
+    int64_t blk = t0 / bs, off = t0 % bs;
     next_rows(vc, table, &blk, &off, n, bs, row, h * D, vrow);
     for (int64_t half = 0; half < 2; half++) /* keys 32 half .. 32 half + 31 */
         for (int64_t c = 0; c < D / 32; c++) {
@@ -973,25 +982,33 @@ static inline __attribute__((always_inline)) void decode_task(
     finish_rows(st, G, dst, D);
 }
 
-/* One decode work item on AMX: its G rows against each tile packed in turn (pack_tile, the
- * AVX512 path's layouts), the next tile's K and V rows prefetched into L2 meanwhile. */
+/* One decode work item on AMX: its G rows in the lanes of Q^T; per tile, K read in place where 16
+ * keys share a cache block (bs % 16 == 0; else copied), V interleaved (pack_tile), the next tile's K
+ * and V rows prefetched into L2 meanwhile. */
 static inline __attribute__((always_inline)) void decode_task_amx(
     const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc, const int64_t* tables,
     int64_t max_blocks, const int64_t* lens, uint16_t* out, int64_t task, int64_t Hkv, int64_t bs, float scale,
     const int64_t G, const int64_t D) {
     const int64_t b = task / Hkv, h = task % Hkv, L = lens[b], Hq = Hkv * G, row = Hkv * D;
     const int64_t* table = tables + b * max_blocks;
-    _Alignas(64) uint16_t qb[16 * MAX_HEAD_DIM];
-    _Alignas(64) uint16_t kp[PA_KT * MAX_HEAD_DIM];
+    _Alignas(64) uint16_t qt[16 * MAX_HEAD_DIM];
+    _Alignas(64) uint16_t kn[PA_KT * MAX_HEAD_DIM];
     _Alignas(64) uint16_t vp[PA_KT * MAX_HEAD_DIM];
+    _Alignas(64) uint16_t w[16 * PA_KT];
     _Alignas(64) float o[16 * MAX_HEAD_DIM];
     float m[MAX_GROUP], l[MAX_GROUP];
     int nan[MAX_GROUP];
-    memset(o, 0, (size_t)(G * D * 4));
-    for (int64_t g = 0; g < G; g++) {
-        memcpy(qb + g * D, q + b * q_stride + (h * G + g) * D, (size_t)D * 2);
-        m[g] = -INFINITY, l[g] = 0.0f, nan[g] = 0;
+    memset(w, 0, sizeof w);
+    memset(o, 0, (size_t)(16 * D * 4));
+    for (int64_t c = 0; c < D / 32; c++) { /* Q^T: row g in lane g */
+        __m512i r[16];
+        for (int64_t g = 0; g < 16; g++)
+            r[g] = g < G ? _mm512_loadu_si512(q + b * q_stride + (h * G + g) * D + 32 * c) : _mm512_setzero_si512();
+        transpose16(r);
+        for (int64_t p = 0; p < 16; p++) _mm512_store_si512(qt + (c * 16 + p) * 32, r[p]);
     }
+    for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f, nan[g] = 0;
+    const int in_place = bs % 16 == 0;
     for (int64_t t0 = 0; t0 < L; t0 += PA_KT) {
         const int64_t n = L - t0 < PA_KT ? L - t0 : PA_KT, after = L - t0 - n < PA_KT ? L - t0 - n : PA_KT;
         if (after > 0) {
@@ -1005,8 +1022,14 @@ static inline __attribute__((always_inline)) void decode_task_amx(
             for (int64_t i = 0; i < after; i++)
                 for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
         }
-        pack_tile(kc, vc, table, t0, n, bs, row, h, kp, vp, D);
-        attend_rows_amx(qb, G, n, kp, vp, scale, o, m, l, nan, D);
+        pack_tile(kc, vc, table, t0, n, bs, row, h, NULL, vp, D);
+        const uint16_t* kg[4];
+        if (!in_place) copy_k_rows(kc, table, t0, n, bs, row, h, kn, D);
+        for (int64_t j = 0; j < 4; j++) {
+            const int64_t t = t0 + 16 * j; /* keys t .. t+15 lie in one cache block when bs % 16 == 0 */
+            kg[j] = !in_place ? kn + 16 * j * D : 16 * j < n ? kc + (table[t / bs] * bs + t % bs) * row + h * D : NULL;
+        }
+        attend_rows_amx(qt, kg, in_place ? row : D, G, n, vp, scale, o, w, m, l, nan, D);
     }
     for (int64_t g = 0; g < G; g++) {
         const __m512 inv = _mm512_set1_ps(nan[g] ? NAN : 1.0f / l[g]);
@@ -1026,7 +1049,7 @@ int64_t parrot_paged_decode(const uint16_t* q, int64_t q_stride, const uint16_t*
     const int amx = amx_attention;
 #pragma omp parallel num_threads(num_threads)
     {
-        if (amx) amx_configure(G); /* query and output tiles of G rows (attend_rows_amx) */
+        if (amx) amx_configure(16);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < B * Hkv; task++) {
 #define DECODE_TASK(GG, DD) decode_task(q, q_stride, kc, vc, tables, max_blocks, lens, out, task, Hkv, bs, scale, GG, DD)
