@@ -675,15 +675,21 @@ typedef struct {
     __mmask16* nan;
 } AmxBlock;
 
-/* A block's rows (nr <= 16 query rows of D dims) into qt; the state reset. */
-static inline void amx_block_start(AmxBlock b, const uint16_t* const* qrow, const int64_t* last, int64_t nr,
-                                   const int64_t D) {
+/* nr <= 16 query rows of D dims as tdpbf16ps's second operand, row i in lane i (the rest zero):
+ * qt [D/32][16 dim pairs][16 lanes][2]. */
+static inline void pack_q_lanes(const uint16_t* const* qrow, int64_t nr, uint16_t* qt, const int64_t D) {
     for (int64_t c = 0; c < D / 32; c++) {
         __m512i r[16];
         for (int64_t i = 0; i < 16; i++) r[i] = i < nr ? _mm512_loadu_si512(qrow[i] + 32 * c) : _mm512_setzero_si512();
         transpose16(r);
-        for (int64_t p = 0; p < 16; p++) _mm512_store_si512(b.qt + (c * 16 + p) * 32, r[p]);
+        for (int64_t p = 0; p < 16; p++) _mm512_store_si512(qt + (c * 16 + p) * 32, r[p]);
     }
+}
+
+/* A block's rows (nr <= 16 query rows of D dims) into qt; the state reset. */
+static inline void amx_block_start(AmxBlock b, const uint16_t* const* qrow, const int64_t* last, int64_t nr,
+                                   const int64_t D) {
+    pack_q_lanes(qrow, nr, b.qt, D);
     for (int64_t i = 0; i < 16; i++) b.last[i] = i < nr ? (int32_t)last[i] : -1;
     _mm512_store_ps(b.m, _mm512_set1_ps(-INFINITY));
     _mm512_store_ps(b.l, _mm512_setzero_ps());
@@ -705,14 +711,44 @@ static inline void amx_block_finish(AmxBlock b, uint16_t* const* dst, int64_t nr
     }
 }
 
-#define AMX_SCORE(J, A)                          \
-    _tile_loadd(A, kg[J] + 32 * c, kstride * 2); \
-    _tile_dpbf16ps(J, A, 6);
 #define AMX_PV(T, A)                                                           \
     if (nt > T) {                                                              \
         _tile_loadd(A, vt + (d0 + 16 * T) * PA_KT + 32 * kb, PA_KT * 2);       \
         _tile_dpbf16ps(T, A, 6);                                               \
     }
+
+/* The scores of one tile, transposed: st [64 keys][16 lanes] = K Q^T over D in 32-dim steps, in
+ * that order, for the first `groups` groups of 16 keys (kg[j]: their K rows, kstride apart; later
+ * groups are zero); qt from pack_q_lanes. The one place both AMX paths make scores. */
+static inline __attribute__((always_inline)) void amx_scores(const uint16_t* qt, const uint16_t* const* kg,
+                                                             int64_t kstride, int64_t groups, float* st,
+                                                             const int64_t D) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < D / 32; c++) { /* tiles 0-3 keys 16j ..; 4/5 K; 6 Q^T */
+        _tile_loadd(6, qt + c * 16 * 32, 64);
+        _tile_loadd(4, kg[0] + 32 * c, kstride * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        if (groups > 1) {
+            _tile_loadd(5, kg[1] + 32 * c, kstride * 2);
+            _tile_dpbf16ps(1, 5, 6);
+        }
+        if (groups > 2) {
+            _tile_loadd(4, kg[2] + 32 * c, kstride * 2);
+            _tile_dpbf16ps(2, 4, 6);
+        }
+        if (groups > 3) {
+            _tile_loadd(5, kg[3] + 32 * c, kstride * 2);
+            _tile_dpbf16ps(3, 5, 6);
+        }
+    }
+    _tile_stored(0, st, 64);
+    _tile_stored(1, st + 256, 64);
+    _tile_stored(2, st + 512, 64);
+    _tile_stored(3, st + 768, 64);
+}
 
 /* One tile of keys t0 .. t0+63 for a block: kg[j], the 16 K rows of keys 16j .. 16j+15, kstride
  * apart (keys past the sequence zero rows); vt: the tile's V as [D][64 keys]. */
@@ -721,21 +757,7 @@ static inline __attribute__((always_inline)) void attend_block_amx(AmxBlock b, c
                                                                    float scale, const int64_t D) {
     _Alignas(64) float st[PA_KT * 16];
     _Alignas(64) uint16_t wt[PA_KT * 16]; /* [32 key pairs][16 rows][2]: the weights as the second operand */
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < D / 32; c++) { /* S^T: tiles 0-3 keys 16j .., 16 rows; 4/5 K; 6 Q^T */
-        _tile_loadd(6, b.qt + c * 16 * 32, 64);
-        AMX_SCORE(0, 4)
-        AMX_SCORE(1, 5)
-        AMX_SCORE(2, 4)
-        AMX_SCORE(3, 5)
-    }
-    _tile_stored(0, st, 64);
-    _tile_stored(1, st + 256, 64);
-    _tile_stored(2, st + 512, 64);
-    _tile_stored(3, st + 768, 64);
+    amx_scores(b.qt, kg, kstride, 4, st, D);
     const __m512i lastv = _mm512_load_si512(b.last);
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     __m512 mx = ninf;
@@ -802,31 +824,7 @@ static inline __attribute__((always_inline)) void attend_rows_amx(const uint16_t
                                                                   uint16_t* w, float* m, float* l, int* nan,
                                                                   const int64_t D) {
     _Alignas(64) float st[PA_KT * 16];
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < D / 32; c++) { /* S^T: tiles 0-3 keys 16j ..; 4/5 K; 6 Q^T */
-        _tile_loadd(6, qt + c * 16 * 32, 64);
-        _tile_loadd(4, kg[0] + 32 * c, kstride * 2);
-        _tile_dpbf16ps(0, 4, 6);
-        if (n > 16) {
-            _tile_loadd(5, kg[1] + 32 * c, kstride * 2);
-            _tile_dpbf16ps(1, 5, 6);
-        }
-        if (n > 32) {
-            _tile_loadd(4, kg[2] + 32 * c, kstride * 2);
-            _tile_dpbf16ps(2, 4, 6);
-        }
-        if (n > 48) {
-            _tile_loadd(5, kg[3] + 32 * c, kstride * 2);
-            _tile_dpbf16ps(3, 5, 6);
-        }
-    }
-    _tile_stored(0, st, 64);
-    _tile_stored(1, st + 256, 64);
-    _tile_stored(2, st + 512, 64);
-    _tile_stored(3, st + 768, 64);
+    amx_scores(qt, kg, kstride, (n + 15) / 16, st, D);
     const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t g = 0; g < G; g++) {
@@ -982,6 +980,17 @@ static inline __attribute__((always_inline)) void decode_task(
     finish_rows(st, G, dst, D);
 }
 
+/* Software prefetch into L2 of the rows of keys t .. t+n-1 (n <= 64) of one head of `cache`. */
+static inline void prefetch_rows(const uint16_t* cache, const int64_t* table, int64_t t, int64_t n, int64_t bs,
+                                 int64_t row, int64_t head_offset, const int64_t D) {
+    if (n <= 0) return;
+    const uint16_t* rows[PA_KT];
+    int64_t blk = t / bs, off = t % bs;
+    next_rows(cache, table, &blk, &off, n, bs, row, head_offset, rows);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
+}
+
 /* One decode work item on AMX: its G rows in the lanes of Q^T; per tile, K read in place where 16
  * keys share a cache block (bs % 16 == 0; else copied), V interleaved (pack_tile), the next tile's K
  * and V rows prefetched into L2 meanwhile. */
@@ -998,30 +1007,19 @@ static inline __attribute__((always_inline)) void decode_task_amx(
     _Alignas(64) float o[16 * MAX_HEAD_DIM];
     float m[MAX_GROUP], l[MAX_GROUP];
     int nan[MAX_GROUP];
+    const RowState st = {m, l, NULL, o, NULL, NULL, nan}; /* (start_rows and finish_rows read these) */
+    const uint16_t* qrow[MAX_GROUP];
+    uint16_t* dst[MAX_GROUP];
+    for (int64_t g = 0; g < G; g++) qrow[g] = q + b * q_stride + (h * G + g) * D, dst[g] = out + b * Hq * D + (h * G + g) * D;
+    pack_q_lanes(qrow, G, qt, D);
     memset(w, 0, sizeof w);
     memset(o, 0, (size_t)(16 * D * 4));
-    for (int64_t c = 0; c < D / 32; c++) { /* Q^T: row g in lane g */
-        __m512i r[16];
-        for (int64_t g = 0; g < 16; g++)
-            r[g] = g < G ? _mm512_loadu_si512(q + b * q_stride + (h * G + g) * D + 32 * c) : _mm512_setzero_si512();
-        transpose16(r);
-        for (int64_t p = 0; p < 16; p++) _mm512_store_si512(qt + (c * 16 + p) * 32, r[p]);
-    }
-    for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f, nan[g] = 0;
+    start_rows(st, G, D);
     const int in_place = bs % 16 == 0;
     for (int64_t t0 = 0; t0 < L; t0 += PA_KT) {
         const int64_t n = L - t0 < PA_KT ? L - t0 : PA_KT, after = L - t0 - n < PA_KT ? L - t0 - n : PA_KT;
-        if (after > 0) {
-            const uint16_t* rows[PA_KT];
-            int64_t nb = (t0 + n) / bs, off = (t0 + n) % bs;
-            next_rows(kc, table, &nb, &off, after, bs, row, h * D, rows);
-            for (int64_t i = 0; i < after; i++)
-                for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
-            nb = (t0 + n) / bs, off = (t0 + n) % bs;
-            next_rows(vc, table, &nb, &off, after, bs, row, h * D, rows);
-            for (int64_t i = 0; i < after; i++)
-                for (int64_t c = 0; c < D * 2; c += 64) _mm_prefetch((const char*)rows[i] + c, _MM_HINT_T1);
-        }
+        prefetch_rows(kc, table, t0 + n, after, bs, row, h * D, D);
+        prefetch_rows(vc, table, t0 + n, after, bs, row, h * D, D);
         pack_tile(kc, vc, table, t0, n, bs, row, h, NULL, vp, D);
         const uint16_t* kg[4];
         if (!in_place) copy_k_rows(kc, table, t0, n, bs, row, h, kn, D);
@@ -1031,12 +1029,7 @@ static inline __attribute__((always_inline)) void decode_task_amx(
         }
         attend_rows_amx(qt, kg, in_place ? row : D, G, n, vp, scale, o, w, m, l, nan, D);
     }
-    for (int64_t g = 0; g < G; g++) {
-        const __m512 inv = _mm512_set1_ps(nan[g] ? NAN : 1.0f / l[g]);
-        uint16_t* dst = out + b * Hq * D + (h * G + g) * D;
-        for (int64_t d = 0; d < D; d += 16)
-            _mm256_storeu_si256((__m256i*)(dst + d), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(o + g * D + d), inv)));
-    }
+    finish_rows(st, G, dst, D);
 }
 
 /* q: [B, Hq, D] rows q_stride apart; kc/vc: one layer's cache [blocks, bs, Hkv, D]; tables:
