@@ -9,7 +9,8 @@ step's events go out in one `hand_off` call (no lock).
 Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
 forward pass and the output processor's work on the step's generations (their decoders and stop
 windows belong to the loop thread). The loop blocks on `_cv` when there is no work; submissions
-and frees notify it.
+and frees notify it. A loop thread idle for `IDLE_EXIT_S` ends (its OpenMP team with it: an idle
+engine's team made other engines' steps in the process ~2x slower; openmp.py); the next request starts one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+IDLE_EXIT_S = 0.5  # a loop thread with no work this long ends (see the module docstring)
 
 
 class LLMEngine:
@@ -82,26 +84,31 @@ class LLMEngine:
         # Each step's events in one call (loop thread, no lock); AsyncEngine's wakes each caller loop once.
         self.hand_off: Callable[[StepEvents], None] = deliver
         self._cv, self._job_ids = threading.Condition(), itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopping, self.meter = False, StepMeter()
+        self._thread: threading.Thread | None = None  # the loop thread while it runs (it ends when idle)
+        self._started, self._stopping, self.meter = False, False, StepMeter()
         self._aborted: set[int] = set()  # job ids to end before the next step
         self._plan_began = 0.0  # perf_counter() when the step being run was scheduled
         self._kv_tokens = 0  # while tracing: the step's sequences' lengths after it, summed
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._stopping = False
+        with self._cv:
+            self._started, self._stopping = True, False
+            self._wake()
+
+    def _wake(self) -> None:
+        """Notify the loop thread of new work; start one if none runs (lock held)."""
+        if self._started and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="parrot-engine", daemon=True)
             self._thread.start()
+        self._cv.notify_all()
 
     def stop(self) -> None:
         with self._cv:
-            self._stopping = True
+            self._started, self._stopping, thread = False, True, self._thread
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if thread is not None:
+            thread.join()
         with self._cv:  # fail what is still queued, so no caller waits forever
             for job in self.scheduler.end_all():
                 job.emit(ParrotError("engine stopped", status=503))
@@ -113,7 +120,7 @@ class LLMEngine:
         self._check_tokens(req.token_ids)
         with self._cv:
             self.scheduler.check_fill(req)
-            self._check_live(req.context_id, req.parent_context_id)
+            self.contexts.check_live(req.context_id, req.parent_context_id)
             scores = [float("nan")] * len(req.token_ids) if req.score else None
             tops = [None] * len(req.token_ids) if req.score and req.top_logprobs else None
             extra = {"scores": scores, "score_tops": tops, "num_score_top": req.top_logprobs}
@@ -130,7 +137,7 @@ class LLMEngine:
                 check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
             else:
                 self.scheduler.check_fill(fill)
-            self._check_live(req.context_id, req.parent_context_id)
+            self.contexts.check_live(req.context_id, req.parent_context_id)
             gen, jobs = req.generate_part(), list[Job]()
             if fill is not None:  # its failure ends the generation; the Generate never forks
                 sink_ = functools.partial(self._fill_ended, jobs=jobs)
@@ -154,7 +161,7 @@ class LLMEngine:
         "aborted" (tokens generated so far stay in the context). Unknown or finished ids: no-op."""
         with self._cv:
             self._aborted.add(job_id)
-            self._cv.notify_all()
+            self._wake()
 
     def free_context(self, req: FreeContextRequest) -> None:
         """Free a context and its KV blocks. One with work in progress (its jobs, a fork waiting
@@ -218,13 +225,6 @@ class LLMEngine:
             )
 
     # ---- validation helpers (lock held) ------------------------------------------------------
-    def _check_live(self, context_id: str, parent_id: str | None) -> None:
-        """A context being freed takes no new work: 404, as if it were gone already."""
-        if context_id in self.contexts.releasing:
-            raise not_found("context", context_id, "context_id")
-        if parent_id is not None and parent_id in self.contexts.releasing:
-            raise not_found("parent context", parent_id, "parent_context_id")
-
     def _check_tokens(self, token_ids: list[int]) -> None:
         vocab = self.model.cfg.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -247,14 +247,14 @@ class LLMEngine:
             **fields,  # type: ignore[arg-type]
         )
         self.scheduler.add(job)
-        self._cv.notify_all()
+        self._wake()
         return job
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> bool:
         """Run one scheduled step in the calling thread (a benchmark timing steps, a test), only
         while the loop thread is not running. False, without waiting, when no work is queued."""
-        if self._thread is not None:
+        if self._started:
             raise RuntimeError("LLMEngine.step() needs the loop thread stopped (call stop() first)")
         with self._cv:
             plan = self._next_plan(block=False)
@@ -268,7 +268,8 @@ class LLMEngine:
         while True:
             with self._cv:
                 plan = self._next_plan(block=True)
-                if plan is None:
+                if plan is None:  # stopping, or idle for IDLE_EXIT_S: the thread ends
+                    self._thread = None
                     return
                 seqs = self._begin_step(plan)
             self._run_step(plan, seqs)
@@ -314,7 +315,7 @@ class LLMEngine:
         self.meter.record(seqs, t0, elapsed, self._plan_began, self._kv_tokens)
 
     def _next_plan(self, block: bool) -> StepPlan | None:
-        """The next plan with rows to compute; None when stopping (blocking) or idle (not)."""
+        """The next plan with rows to compute; None when stopping or idle IDLE_EXIT_S (blocking), idle (not)."""
         while True:
             if block and self._stopping:
                 return None
@@ -332,9 +333,8 @@ class LLMEngine:
                     return plan
                 if plan.failed:
                     continue
-            if not block:
+            if not block or (not self._cv.wait(IDLE_EXIT_S) and not (self.scheduler.has_work() or self._aborted)):
                 return None
-            self._cv.wait()
 
     def _apply(
         self, plan: StepPlan, seqs: list[ScheduledSeq], tokens: list[int], logprobs: list[float], elapsed: float

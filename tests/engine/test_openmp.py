@@ -1,5 +1,6 @@
-"""The engine's OpenMP workers (parrot/engine/openmp.py): the wait policy set before torch loads, and
-start-up's torch work on a thread that ends, so a serving process keeps one team of workers."""
+"""The engine's OpenMP workers (parrot/engine/openmp.py): the wait policy set before torch loads,
+start-up's torch work on a thread that ends, so a serving process keeps one team of workers, and a
+loop thread that ends when its engine is idle, so an idle engine keeps none."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from parrot.engine import llm_engine, sync_client
+from parrot.engine.config import EngineConfig
 from parrot.engine.openmp import SPIN_COUNT, on_passing_thread, passing_thread, prefer_spinning
+from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
 
 
 def test_the_wait_policy_is_set_only_when_nobody_chose_one_and_torch_is_not_loaded() -> None:
@@ -110,3 +115,70 @@ def test_benchmark_processes_set_the_wait_policy_before_torch_loads() -> None:
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["ACTIVE"]
+
+
+def wait_until(cond: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+    return bool(cond())  # type: ignore[operator]
+
+
+def test_an_idle_loop_thread_ends_and_the_next_request_starts_another(
+    tiny_model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_engine, "IDLE_EXIT_S", 0.05)
+    engine = llm_engine.LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=64))
+    engine.start()
+    try:
+        sync_client.fill(engine, FillRequest(context_id="a", token_ids=[5, 6, 7, 8]))
+        first = engine._thread
+        assert first is not None
+        assert wait_until(lambda: engine._thread is None and not first.is_alive())
+        with pytest.raises(RuntimeError, match="loop thread stopped"):
+            engine.step()  # started: the loop owns the steps even while no thread runs
+        req = GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=3, ignore_eos=True))
+        events = sync_client.wait_generate(sync_client.submit_generate(engine, req), timeout=30)
+        assert [e.finish_reason for e in events] == [None, None, "length"]
+        assert engine._thread is not first
+        assert wait_until(lambda: engine._thread is None)
+    finally:
+        engine.stop()
+    assert engine._thread is None
+    engine.start()  # stopped and started again: it serves
+    try:
+        req = GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=2, ignore_eos=True))
+        events = sync_client.wait_generate(sync_client.submit_generate(engine, req), timeout=30)
+        assert [e.finish_reason for e in events] == [None, "length"]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc")
+def test_an_idle_engine_keeps_no_openmp_team_in_the_process(default_model_folder: Path) -> None:
+    # Two engines in one process: once the second is idle, its loop thread and that thread's team
+    # of OpenMP workers are gone (an idle team made the other engine's steps ~2x slower).
+    code = (
+        "import os, time, torch\n"
+        "from parrot.engine import sync_client, llm_engine\n"
+        "from parrot.engine.config import EngineConfig\n"
+        "from parrot.protocol import FillRequest\n"
+        "llm_engine.IDLE_EXIT_S = 0.05\n"
+        "torch.set_num_threads(2)\n"
+        f"cfg = EngineConfig(model={str(default_model_folder)!r}, num_threads=2, num_blocks=64)\n"
+        "engines = [llm_engine.LLMEngine(cfg) for _ in range(2)]\n"
+        "time.sleep(0.5)\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "for i, e in enumerate(engines):\n"
+        "    e.start()\n"
+        "    sync_client.fill(e, FillRequest(context_id='c', token_ids=list(range(100, 164))))\n"
+        "busy = len(os.listdir('/proc/self/task'))\n"
+        "deadline = time.monotonic() + 10\n"
+        "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "print(before, busy, len(os.listdir('/proc/self/task')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    before, busy, after = (int(n) for n in out.stdout.split()[-3:])
+    assert busy > before  # the loop threads ran (with their workers)
+    assert after == before

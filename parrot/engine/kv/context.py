@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parrot.engine.kv.block_pool import BlockPool
+from parrot.protocol.errors import not_found
 
 
 @dataclass
@@ -129,6 +130,13 @@ class ContextTable:
         keep = self.blocks_for(ctx.num_computed)
         self.pool.decref(ctx.block_table[keep:])
         del ctx.block_table[keep:]
+
+    def check_live(self, context_id: str, parent_id: str | None) -> None:
+        """A context being freed takes no new work: 404, as if it were gone already."""
+        if context_id in self.releasing:
+            raise not_found("context", context_id, "context_id")
+        if parent_id is not None and parent_id in self.releasing:
+            raise not_found("parent context", parent_id, "parent_context_id")
 
     def free_released(self, in_use: Callable[[str], bool]) -> None:
         """Free the contexts in `releasing` that are no longer `in_use`."""
