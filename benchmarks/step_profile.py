@@ -40,6 +40,7 @@ from benchmarks.scaling import SCALES, load_paper_workloads
 from benchmarks.servers import openai_factory, running, server_spec
 from benchmarks.step_kinds import KINDS, kind_of, summarize
 from parrot.engine.config import resolve_dtype
+from parrot.engine.openmp import on_passing_thread
 from parrot.engine.trace import StepRecord
 from parrot.text import Tokenizer
 
@@ -57,9 +58,10 @@ def decode_batches(trace: list[StepRecord], min_steps: int) -> dict[int, list[St
 
 def alone(engine: Any, batch: int, seq_len: int, steps: int = 24) -> list[StepRecord]:
     """Decode steps of `batch` sequences of about `seq_len` tokens with nothing else running
-    (the warm-up steps and the fills left out)."""
+    (the warm-up steps and the fills left out). Stepped on a thread that ends (`on_passing_thread`):
+    one that lived on would keep its OpenMP team and slow the next run's steps (parrot/engine/openmp.py)."""
     engine.start_trace()
-    StepTimer(engine).decode_ms(batch, steps=steps, prompt_len=max(1, seq_len))
+    on_passing_thread(lambda: StepTimer(engine).decode_ms(batch, steps=steps, prompt_len=max(1, seq_len)))
     return [r for r in engine.stop_trace() if kind_of(r) == "decode" and r.num_decode == batch][2:]
 
 
