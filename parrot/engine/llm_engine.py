@@ -9,8 +9,8 @@ step's events go out in one `hand_off` call (no lock).
 Ownership: every field below `_cv` is touched only with `_cv` held, except the model runner's
 forward pass and the output processor's work on the step's generations (their decoders and stop
 windows belong to the loop thread). The loop blocks on `_cv` when there is no work; submissions
-and frees notify it. A loop thread idle for `IDLE_EXIT_S` ends (its OpenMP team with it: an idle
-engine's team made other engines' steps in the process ~2x slower; openmp.py); the next request starts one.
+notify it. Beside another started engine, a loop thread idle `IDLE_EXIT_S` ends, its OpenMP team
+with it (an idle team made the other's steps ~2x slower; openmp.py); the next request starts one.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.model.llama import StepInterrupted
 from parrot.engine.model.loader import load_model, resolve_model_folder
-from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
-from parrot.engine.openmp import passing_thread
+from parrot.engine.model_setup import check_token_ids, eos_ids, num_kv_blocks, set_up_model
+from parrot.engine.openmp import engine_started, others_started, passing_thread
 from parrot.engine.output import RowOutput, render
 from parrot.engine.runner import ModelRunner
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepEvents, StepPlan, deliver
@@ -54,7 +54,7 @@ from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-IDLE_EXIT_S = 0.5  # a loop thread with no work this long ends (see the module docstring)
+IDLE_EXIT_S = 0.5  # a loop thread with no work this long ends beside another engine (module docstring)
 
 
 class LLMEngine:
@@ -94,6 +94,7 @@ class LLMEngine:
     def start(self) -> None:
         with self._cv:
             self._started, self._stopping = True, False
+            engine_started(self, True)
             self._wake()
 
     def _wake(self) -> None:
@@ -106,6 +107,7 @@ class LLMEngine:
     def stop(self) -> None:
         with self._cv:
             self._started, self._stopping, thread = False, True, self._thread
+            engine_started(self, False)
             self._cv.notify_all()
         if thread is not None:
             thread.join()
@@ -117,7 +119,7 @@ class LLMEngine:
     # ---- requests (any thread) ------------------------------------------------------------------
     def submit_fill(self, req: FillRequest, sink: Sink) -> None:
         """Queue a fill; validation errors raise at once and change nothing."""
-        self._check_tokens(req.token_ids)
+        check_token_ids(req.token_ids, self.model.cfg.vocab_size)
         with self._cv:
             self.scheduler.check_fill(req)
             self.contexts.check_live(req.context_id, req.parent_context_id)
@@ -131,7 +133,7 @@ class LLMEngine:
         samples the first token); returns its job id (for `abort`). Constraints compile here, unlocked."""
         fill, grammar = req.fill_part(), self.grammars.check(req.sampling)
         if fill is not None:
-            self._check_tokens(fill.token_ids)
+            check_token_ids(fill.token_ids, self.model.cfg.vocab_size)
         with self._cv:
             if fill is None:
                 check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
@@ -225,12 +227,6 @@ class LLMEngine:
             )
 
     # ---- validation helpers (lock held) ------------------------------------------------------
-    def _check_tokens(self, token_ids: list[int]) -> None:
-        vocab = self.model.cfg.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
-
     def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
         """Register the request's context (validated by the caller) and queue its job."""
         if req.context_id not in self.contexts:  # registered at once (a fork's placeholder until it runs)
@@ -315,7 +311,8 @@ class LLMEngine:
         self.meter.record(seqs, t0, elapsed, self._plan_began, self._kv_tokens)
 
     def _next_plan(self, block: bool) -> StepPlan | None:
-        """The next plan with rows to compute; None when stopping or idle IDLE_EXIT_S (blocking), idle (not)."""
+        """The next plan with rows to compute; None: stopping or idle IDLE_EXIT_S beside another engine
+        (blocking), idle (not)."""
         while True:
             if block and self._stopping:
                 return None
@@ -333,7 +330,8 @@ class LLMEngine:
                     return plan
                 if plan.failed:
                     continue
-            if not block or (not self._cv.wait(IDLE_EXIT_S) and not (self.scheduler.has_work() or self._aborted)):
+            if not block or (not self._cv.wait(IDLE_EXIT_S) and not (self.scheduler.has_work() or self._aborted)
+                             and others_started(self)):  # fmt: skip
                 return None
 
     def _apply(

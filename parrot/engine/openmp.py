@@ -18,10 +18,13 @@ Two remedies, measured on the serving path (README, "OpenMP workers"):
 2. `passing_thread`: `LLMEngine.__init__` (loading the model, allocating the KV cache) runs on a
    thread that ends afterwards, so its team of workers goes with it and a serving process keeps
    one team, the loop thread's (the thread count it set is carried back to the caller's thread).
-3. `LLMEngine`'s loop thread ends after `IDLE_EXIT_S` without work (the next request starts
-   another), so an idle engine keeps no team: with two engines in one process, the idle one's team
-   made the busy one's decode steps ~2x slower (6 rows over a 1,056-token prefix: 33 ms against 17,
-   what OMP_WAIT_POLICY=PASSIVE gives with one engine; 97,700 context switches against 37,000).
+3. `LLMEngine`'s loop thread ends after `IDLE_EXIT_S` without work while another engine is
+   started in the process (the next request starts another thread), so an idle engine keeps no
+   team beside a busy one: with two engines in one process, the idle one's team made the busy one's
+   decode steps ~2x slower (6 rows over a 1,056-token prefix: 33 ms against 17, what
+   OMP_WAIT_POLICY=PASSIVE gives with one engine; 97,700 context switches against 37,000). An engine
+   alone in its process keeps its thread: a new thread's first step took ~6 ms longer (23 ms
+   against 17 for a 32-token prompt), which a request after each pause would pay.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import ParamSpec, TypeVar
 
@@ -87,3 +91,22 @@ def passing_thread(fn: Callable[P, T]) -> Callable[P, T]:
         return on_passing_thread(lambda: fn(*args, **kwargs))
 
     return run
+
+
+_started: weakref.WeakSet[object] = weakref.WeakSet()  # engines whose loop runs (or may), this process
+_started_lock = threading.Lock()
+
+
+def engine_started(engine: object, started: bool) -> None:
+    """Count `engine` among the process's started engines, or not (LLMEngine.start / stop)."""
+    with _started_lock:
+        if started:
+            _started.add(engine)
+        else:
+            _started.discard(engine)
+
+
+def others_started(engine: object) -> bool:
+    """True when another engine is started in this process (its team would share the cores)."""
+    with _started_lock:
+        return any(e is not engine for e in _started)

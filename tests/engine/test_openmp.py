@@ -124,16 +124,20 @@ def wait_until(cond: object, timeout_s: float = 10.0) -> bool:
     return bool(cond())  # type: ignore[operator]
 
 
-def test_an_idle_loop_thread_ends_and_the_next_request_starts_another(
+def test_an_idle_loop_thread_ends_beside_another_engine_and_the_next_request_starts_another(
     tiny_model_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(llm_engine, "IDLE_EXIT_S", 0.05)
-    engine = llm_engine.LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=64))
+    cfg = EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=64)
+    engine, other = llm_engine.LLMEngine(cfg), llm_engine.LLMEngine(cfg)
     engine.start()
     try:
         sync_client.fill(engine, FillRequest(context_id="a", token_ids=[5, 6, 7, 8]))
         first = engine._thread
         assert first is not None
+        time.sleep(0.3)  # alone in the process: an idle engine keeps its thread (no restart to pay)
+        assert engine._thread is first and first.is_alive()
+        other.start()  # another engine started: the idle one's thread (and its team) goes
         assert wait_until(lambda: engine._thread is None and not first.is_alive())
         with pytest.raises(RuntimeError, match="loop thread stopped"):
             engine.step()  # started: the loop owns the steps even while no thread runs
@@ -144,12 +148,15 @@ def test_an_idle_loop_thread_ends_and_the_next_request_starts_another(
         assert wait_until(lambda: engine._thread is None)
     finally:
         engine.stop()
+        other.stop()
     assert engine._thread is None
-    engine.start()  # stopped and started again: it serves
+    engine.start()  # stopped and started again: it serves, and alone it keeps its thread
     try:
         req = GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=2, ignore_eos=True))
         events = sync_client.wait_generate(sync_client.submit_generate(engine, req), timeout=30)
         assert [e.finish_reason for e in events] == [None, "length"]
+        time.sleep(0.3)
+        assert engine._thread is not None and engine._thread.is_alive()
     finally:
         engine.stop()
 
