@@ -5,7 +5,9 @@ vLLM server whole (as the request-level client sends them), streamed as the engi
     python -m benchmarks.vllm_paths_ab --rounds 3        # vLLM set up by scripts/setup_vllm.sh
 
 Also streamed in chunks of 16 tokens (the adapter's for a generation nobody watches), with the
-ids under `logprobs: 0` (the adapter's) or as vLLM's `return_token_ids` (no logprobs computed).
+ids under `logprobs: 0` (the adapter's where a reader wants logprobs) or as vLLM's
+`return_token_ids` (no logprobs computed: the adapter's otherwise); and through the manager as if
+a reader wanted the logprobs ("parrot, logprobs read").
 
 Each round sends `--requests` requests (a shared 930-token system prompt + a 20-token question,
 32 output tokens) at `--rate` per second in every mode, modes interleaved; prints the median over
@@ -59,7 +61,11 @@ async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, out
     return 1000 * statistics.mean(latencies) / out
 
 
-async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, interval: int = 1) -> float:
+async def via_parrot(
+    server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, interval: int = 1, logprobs: bool = False
+) -> float:
+    """Through the manager over the adapter; `logprobs`: as if a reader wanted the tokens' logprobs
+    (an OpenAI request with `logprobs`): vLLM computes them, the SDK's calls do not ask."""
     client = OpenAIEngineClient(
         server.base_url, server.model, tokenizer_folder=server.model_folder, stream_interval=interval
     )
@@ -77,6 +83,7 @@ async def via_parrot(server: VLLMServer, prompts: list[list[int]], gap_s: float,
             spec = CallSpec(template="x", sampling={"o": sampling}, model=manager.pool.models[0])
             start = time.perf_counter()
             (node,) = manager.submit_parsed(session, [spec], template, (), prompt)  # a plain request, as tokens
+            session.graph.variables[node.outputs["o"]].logprobs_read = logprobs  # before it is dispatched
             await manager.get_variable(session, node.outputs["o"], timeout_s=120)
             latencies.append(time.perf_counter() - start)
 
@@ -119,6 +126,7 @@ def main() -> None:
             "ids": lambda p: direct(server, p, gap_s, out, IDS),
             "parrot": lambda p: via_parrot(server, p, gap_s, out),
             "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, out, 8),
+            "parrot, logprobs read": lambda p: via_parrot(server, p, gap_s, out, logprobs=True),
         }
         if args.modes:
             unknown = set(args.modes) - set(modes)

@@ -2,10 +2,11 @@
 and for `benchmarks.manager_path` (`python -m benchmarks.peers.fake_openai --port N`).
 
 It records every `/v1/completions` body, and answers each with `max_tokens` copies of one token
-(streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`, or
-`stream_interval` per chunk, or whole), a token's delay growing with the number of requests it
-serves at once (a batching engine's step), and usage with the prompt's length. Like vLLM without
-`--scheduling-policy priority`, it can refuse a non-zero `priority` with vLLM's 400.
+(streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`,
+or as `token_ids` with `return_token_ids`, or `stream_interval` per chunk, or whole), a token's
+delay growing with the number of requests it serves at once (a batching engine's step), and usage
+with the prompt's length. Like vLLM without `--scheduling-policy priority`, it can refuse a
+non-zero `priority` with vLLM's 400.
 """
 
 from __future__ import annotations
@@ -94,8 +95,12 @@ class FakeOpenAI:
             num_held += 1
             if num_held < interval and finish is None:
                 continue
-            logprobs = {"tokens": [f"token_id:{self.token_id}"] * num_held, "token_logprobs": [-0.1] * num_held}
-            choice = {"index": 0, "text": text * num_held, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": 0, "text": text * num_held, "logprobs": None, "finish_reason": finish}
+            if body.get("return_token_ids"):  # vLLM's ids without logprobs
+                choice["token_ids"] = [self.token_id] * num_held
+            else:
+                ids = [f"token_id:{self.token_id}"] * num_held
+                choice["logprobs"] = {"tokens": ids, "token_logprobs": [-0.1] * num_held}
             num_held = 0
             yield f"data: {json.dumps({'choices': [choice]})}\n\n"
         yield f"data: {json.dumps({'choices': [], 'usage': self._usage(body)})}\n\n"

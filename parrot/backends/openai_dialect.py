@@ -42,16 +42,19 @@ def completion_body(
     ask_token_ids: bool,
     priority: int = 0,
     stream_interval: int = 1,
+    logprobs: bool = True,
 ) -> dict[str, Any]:
     """A streamed completion of `token_ids`. vLLM extensions are sent only when they say
     something (`top_k`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `structured_outputs`,
     a non-zero `priority`: vLLM's default is 0, and it refuses any other value unless started with
     `--scheduling-policy priority`), so plain OpenAI servers see plain requests; `ask_token_ids`
     adds `logprobs` (0, or the alternatives asked for) with `return_tokens_as_token_ids` (tokens as
-    ids, vLLM). Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises
-    ParrotError (400) for what the upstream cannot be asked: alternatives reported by text only (no
-    token ids to report them with), a choice's score. `stream_interval` > 1 (vLLM): tokens per
-    streamed chunk."""
+    ids, vLLM), or, with `logprobs` False and no alternatives, vLLM's `return_token_ids` alone (the
+    ids without logprobs: computing them cost vLLM ~3% per token, `benchmarks.vllm_paths_ab`).
+    Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises ParrotError
+    (400) for what the upstream cannot be asked: alternatives reported by text only (no token ids
+    to report them with), a choice's score. `stream_interval` > 1 (vLLM): tokens per streamed
+    chunk."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -90,9 +93,11 @@ def completion_body(
             "top_logprobs needs an upstream that reports tokens as ids (vLLM's return_tokens_as_token_ids)",
             field="sampling.top_logprobs",
         )
-    if ask_token_ids:
+    if ask_token_ids and (logprobs or sampling.top_logprobs):
         body["logprobs"] = sampling.top_logprobs
         body["return_tokens_as_token_ids"] = True
+    elif ask_token_ids:
+        body["return_token_ids"] = True
     if priority:
         body["priority"] = priority
     if stream_interval > 1:
@@ -125,7 +130,20 @@ def refuses_priority(body: dict[str, Any], status: int, text: str) -> bool:
     """An upstream that cannot take `priority`: vLLM without priority scheduling (400 "Got priority
     ... but Priority scheduling is not enabled"), a server that forbids unknown fields (400/422
     naming it)."""
-    return "priority" in body and status in (400, 422) and "priority" in text.lower()
+    return refuses_field("priority", body, status, text)
+
+
+def refuses_field(name: str, body: dict[str, Any], status: int, text: str) -> bool:
+    """The upstream refused the optional field `name` of `body` (a 400 or 422 naming it): e.g.
+    `return_token_ids` at a server that does not know vLLM's field (Parrot's own forbids it)."""
+    return name in body and status in (400, 422) and name in text.lower()
+
+
+def with_logprobs_ids(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` asking for token ids through `logprobs: 0` + `return_tokens_as_token_ids` instead of
+    `return_token_ids` (for an upstream that refuses the latter)."""
+    rest = {k: v for k, v in body.items() if k != "return_token_ids"}
+    return rest | {"logprobs": 0, "return_tokens_as_token_ids": True}
 
 
 def chunk_token_ids(choice: dict[str, Any]) -> tuple[list[int], list[float | None]] | None:

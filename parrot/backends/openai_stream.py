@@ -27,9 +27,11 @@ from parrot.backends.openai_dialect import (
     choice_events,
     error_status,
     prompt_usage,
+    refuses_field,
     refuses_priority,
     sse_chunks,
     upstream_error,
+    with_logprobs_ids,
 )
 from parrot.backends.tpot_profile import TpotProfile
 from parrot.protocol.engine_api import TokenEvent
@@ -43,6 +45,7 @@ class UpstreamStreams:
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float, send_priority: bool) -> None:
         self.base_url = base_url
         self.send_priority = send_priority
+        self.ids_without_logprobs = True  # vLLM's `return_token_ids` (False once the upstream refused it)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._http = LazyClient(base_url, timeout_s, headers)
         self.num_running = 0  # streams open
@@ -125,12 +128,20 @@ class UpstreamStreams:
     async def _completion(self, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's streamed answer to `body`, once it said yes. An upstream that refuses the
         `priority` field (vLLM without priority scheduling) is asked again without it, and is sent
-        none from then on; any other refusal is the upstream's error."""
+        none from then on; one that refuses `return_token_ids` is asked for the ids under
+        `logprobs: 0` instead, from then on too; any other refusal is the upstream's error."""
         async with self._http.session().post(f"{self.base_url}/v1/completions", json=body) as resp:
             if resp.status < 400:
                 yield resp
                 return
             text = (await resp.read()).decode(errors="replace")
+        if refuses_field("return_token_ids", body, resp.status, text):
+            if self.ids_without_logprobs:
+                log.info("upstream %s refuses return_token_ids; asking logprobs: 0 instead", self.base_url)
+                self.ids_without_logprobs = False
+            async with self._completion(with_logprobs_ids(body)) as resp:
+                yield resp
+            return
         if not refuses_priority(body, resp.status, text):
             raise upstream_error(self.base_url, resp.status, text)
         if self.send_priority:

@@ -94,6 +94,10 @@ class GenerateRequest(_Req):
     # that waits for it), so an engine may hand tokens over in batches (the OpenAI adapter asks vLLM
     # for chunks of 16: a token per chunk costs its server and the manager CPU). Same tokens either way.
     watched: bool = True
+    # False: nobody reads the generated tokens' logprobs (`TokenEvent.logprob` may then be None;
+    # `top_logprobs` are reported whatever it says), so the OpenAI adapter asks vLLM for the token
+    # ids without logprobs (computing them cost vLLM ~3% per token). The builtin engine computes them anyway.
+    logprobs: bool = True
 
     @model_validator(mode="after")
     def _append_has_no_parent(self) -> GenerateRequest:

@@ -163,6 +163,30 @@ def test_outputs_nobody_streams_come_in_chunks_of_16_tokens(tiny_model_folder: P
     assert [len(fake.bodies), sum("stream_interval" in b for b in fake.bodies)] == [5, 0]
 
 
+def test_logprobs_are_asked_of_vllm_only_where_someone_reads_them(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder)
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(run_over_parrot(fake, url))
+    # The SDK reads text only: token ids without logprobs (they cost vLLM ~3% per token).
+    assert [("logprobs" in b, b.get("return_token_ids")) for b in fake.bodies] == [(False, True)] * 5
+    fake.bodies.clear()
+    with openai_routes_over(fake) as parrot_url, httpx.Client(base_url=parrot_url) as http:
+        headers = {"Authorization": "Bearer k"}
+        body = {"model": "fake", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True}
+        plain = http.post("/v1/completions", json=body, headers=headers).json()["choices"][0]
+        with_0 = http.post("/v1/completions", json=body | {"logprobs": 0}, headers=headers).json()["choices"][0]
+        chat = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "ignore_eos": True}
+        chat_lp = http.post("/v1/chat/completions", json=chat | {"logprobs": True}, headers=headers).json()
+        chat_plain = http.post("/v1/chat/completions", json=chat | {"logprobs": False}, headers=headers).json()
+    assert [plain["text"], plain["logprobs"], with_0["text"]] == [" ok" * 3, None, " ok" * 3]
+    assert with_0["logprobs"]["token_logprobs"] == [-0.1] * 3  # the upstream's, for the asked tokens
+    content = chat_lp["choices"][0]["logprobs"]["content"]
+    assert [(c["token"], c["logprob"]) for c in content] == [(" ok", -0.1)] * 3
+    assert chat_plain["choices"][0]["logprobs"] is None
+    asked = [(b.get("logprobs"), b.get("return_tokens_as_token_ids"), b.get("return_token_ids")) for b in fake.bodies]
+    assert asked == [(None, None, True), (0, True, None), (0, True, None), (None, None, True)]
+
+
 def test_echo_with_logprobs_over_an_engine_that_cannot_score_is_a_400_naming_echo(tiny_model_folder: Path) -> None:
     fake = FakeOpenAI(tiny_model_folder)
     with openai_routes_over(fake) as parrot_url:

@@ -115,6 +115,8 @@ def test_a_dag_over_the_adapter_matches_the_builtin_engine(
         stats = await client.stats()
         assert [stats.num_contexts, stats.num_running, stats.num_blocks_free] == [0, 0, stats.num_blocks_total]
         assert stats.num_decode_tokens == 3 * SMALL.max_tokens
+        # Parrot's own server refuses vLLM's `return_token_ids`: the ids came under `logprobs: 0`.
+        assert client._upstream.ids_without_logprobs is False
         await client.aclose()
 
     asyncio.run(main())

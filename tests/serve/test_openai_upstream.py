@@ -12,9 +12,11 @@ from parrot.backends.openai_dialect import (
     StopRule,
     choice_events,
     completion_body,
+    refuses_field,
     refuses_priority,
     upstream_error,
     upstream_priority,
+    with_logprobs_ids,
 )
 from parrot.backends.tpot_profile import TpotProfile, bucket_of
 from parrot.protocol.engine_api import TokenEvent
@@ -119,6 +121,29 @@ def test_request_bodies_send_extensions_only_when_they_say_something() -> None:
         "top_k": 5,
         "stop_token_ids": [9],
         "ignore_eos": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def test_token_ids_come_without_logprobs_unless_someone_reads_them() -> None:
+    quiet = completion_body("m", [1], SamplingParams(), 4, ask_token_ids=True, logprobs=False)
+    assert [quiet.get("return_token_ids"), "logprobs" in quiet, "return_tokens_as_token_ids" in quiet] == [
+        True,
+        False,
+        False,
+    ]
+    tops = completion_body("m", [1], SamplingParams(top_logprobs=2), 4, ask_token_ids=True, logprobs=False)
+    assert [tops["logprobs"], tops["return_tokens_as_token_ids"], "return_token_ids" in tops] == [2, True, False]
+    plain = completion_body("m", [1], SamplingParams(), 4, ask_token_ids=False, logprobs=False)
+    assert not {"logprobs", "return_token_ids", "return_tokens_as_token_ids"} & set(plain)
+    # An upstream that does not know the field (Parrot's own forbids extra fields) is asked the old way.
+    refusal = '{"error": {"message": "return_token_ids: Extra inputs are not permitted"}}'
+    assert [refuses_field("return_token_ids", quiet, 422, refusal), refuses_field("priority", quiet, 422, refusal)] == [
+        True,
+        False,
+    ]
+    assert with_logprobs_ids(quiet) == {k: v for k, v in quiet.items() if k != "return_token_ids"} | {
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
     }

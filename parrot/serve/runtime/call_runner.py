@@ -321,6 +321,7 @@ class CallRunner:
                 objective=self.record.objective,
                 priority=self.record.engine_priority,
                 watched=var.watched,
+                logprobs=var.logprobs_read,
             )
         )
         finish_reason: str | None = None

@@ -23,6 +23,7 @@ class Variable:
         "consumer_call_ids",
         "criteria",
         "error",
+        "logprobs_read",
         "name",
         "producer_call_id",
         "scores",
@@ -45,6 +46,9 @@ class Variable:
         # Someone reads (or said they will read) the text as it is generated: a stream reader, an
         # OpenAI request with `stream`. A generation dispatched unwatched may deliver tokens in batches.
         self.watched = False
+        # Someone reads the generated tokens' logprobs (an OpenAI request with `logprobs`); the SDK
+        # reads only text, so an engine need not compute them (GenerateRequest.logprobs).
+        self.logprobs_read = False
         self._changed = asyncio.Event()
 
     @property

@@ -101,6 +101,7 @@ def new_call(
     run = OneCall(manager, api_key, req.model, prompt, sampling, prefixes, rename, prompt_field, prompt_ids)
     for choice in run.choices:  # before any await, so before the calls are dispatched
         choice.var.watched = bool(req.stream)
+        choice.var.logprobs_read = req.logprobs is not None and req.logprobs is not False  # completions: 0 asks
     run.stream_interval = req.stream_interval or 1
     return run
 
