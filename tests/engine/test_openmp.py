@@ -63,6 +63,14 @@ def test_a_passing_thread_returns_the_result_and_raises_the_error_here() -> None
         on_passing_thread(fail)
 
 
+# Subprocess code: wait (up to 10 s) until the process has no more threads than `before`.
+BACK_TO_BEFORE = (
+    "deadline = time.monotonic() + 10\n"
+    "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
+    "    time.sleep(0.02)\n"
+)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc")
 def test_building_an_engine_leaves_no_openmp_workers_behind(default_model_folder: Path) -> None:
     # A fresh process: in this one earlier tests already ran torch on the main thread. Loading a
@@ -74,9 +82,7 @@ def test_building_an_engine_leaves_no_openmp_workers_behind(default_model_folder
         "torch.set_num_threads(2)\n"
         "before = len(os.listdir('/proc/self/task'))\n"
         f"engine = LLMEngine(EngineConfig(model={str(default_model_folder)!r}, num_threads=2, num_blocks=64))\n"
-        "deadline = time.monotonic() + 10\n"  # a passing thread's workers end soon after it
-        "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
-        "    time.sleep(0.05)\n"
+        f"{BACK_TO_BEFORE}"  # a passing thread's workers end soon after it
         "print(before, len(os.listdir('/proc/self/task')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
@@ -180,9 +186,7 @@ def test_an_idle_engine_keeps_no_openmp_team_in_the_process(default_model_folder
         "    e.start()\n"
         "    sync_client.fill(e, FillRequest(context_id='c', token_ids=list(range(100, 164))))\n"
         "busy = len(os.listdir('/proc/self/task'))\n"
-        "deadline = time.monotonic() + 10\n"
-        "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
-        "    time.sleep(0.02)\n"
+        f"{BACK_TO_BEFORE}"
         "print(before, busy, len(os.listdir('/proc/self/task')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
