@@ -33,7 +33,7 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.model.llama import StepInterrupted
 from parrot.engine.model.loader import load_model, resolve_model_folder
-from parrot.engine.model_setup import check_token_ids, eos_ids, num_kv_blocks, set_up_model
+from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
 from parrot.engine.openmp import engine_started, others_started, passing_thread
 from parrot.engine.output import RowOutput, render
 from parrot.engine.runner import ModelRunner
@@ -48,6 +48,7 @@ from parrot.protocol.engine_api import (
     GenerateRequest,
     TokenEvent,
     check_context_ids,
+    check_token_ids,
 )
 from parrot.protocol.errors import ParrotError, not_found
 from parrot.text.tokenizer import Tokenizer

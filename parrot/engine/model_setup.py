@@ -16,7 +16,6 @@ from parrot.engine.config import EngineConfig
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.llama import LlamaModel
-from parrot.protocol.errors import ParrotError
 from parrot.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -70,13 +69,6 @@ def _apply_native_kernels(model: LlamaModel, config: EngineConfig) -> tuple[bool
     note = f" ({report.note})" if report.note else ""
     log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)
     return True, report.status
-
-
-def check_token_ids(token_ids: list[int], vocab: int) -> None:
-    """A request's token ids, each in [0, vocab): else a 400 naming the first one outside."""
-    bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field="token_ids")
 
 
 def eos_ids(mc: ModelConfig, tokenizer: Tokenizer) -> frozenset[int]:

@@ -6,7 +6,7 @@ the parent's KV blocks; the parent's tokens are the child's prefix.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -215,6 +215,13 @@ class EngineStats(_Msg):
     # without native kernels (adapters of other servers).
     native_kernels: str = "none"
     batch_invariant: bool = False  # outputs do not depend on the batch (EngineConfig.batch_invariant)
+
+
+def check_token_ids(token_ids: Sequence[int], vocab: int, field: str = "token_ids") -> None:
+    """Each of `token_ids` in [0, vocab): else a 400 naming `field` and the first one outside."""
+    bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field=field)
 
 
 def check_context_ids(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from parrot.protocol.engine_api import check_token_ids
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.openai_api import PromptTokensDetails, Usage
 from parrot.protocol.public_api import MAX_TEMPLATE_CHARS, CallSpec
@@ -75,10 +76,7 @@ class OneCall:
         self.tokenizer = engine.tokenizer
         prompt_token_ids = prompt_ids
         if isinstance(prompt, list):
-            vocab_size = engine.tokenizer.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
-            if bad is not None:
-                raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", field="prompt")
+            check_token_ids(prompt, engine.tokenizer.vocab_size, field="prompt")
             prompt_token_ids = prompt
             prompt = engine.tokenizer.decode(prompt, skip_special_tokens=False) or "(token ids)"
         self.prompt_text = prompt
