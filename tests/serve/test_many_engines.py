@@ -11,6 +11,7 @@ Outputs are checked against generation run directly on an engine for the same to
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -148,16 +149,25 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
                         ]
                     ),
                 )
-            # Kill e1 while one of its calls is half generated.
+            # Kill e1 while one of its calls is half generated. Its forward pass is frozen first, so
+            # no call on it can finish in the time the server takes to stop (a race CI once lost).
             deadline = time.monotonic() + 60
             while not any(
-                r.engine_id == "e1" and r.state is CallState.RUNNING and len(r.output_token_ids.get(n, ())) >= 4
+                r.engine_id == "e1" and r.state is CallState.RUNNING and 4 <= len(r.output_token_ids.get(n, ())) <= 32
                 for s in sessions
                 for r in s.runs.values()
                 for n in r.call.outputs
             ):
                 assert time.monotonic() < deadline, "no call ran on e1"
                 await asyncio.sleep(0.002)
+            runner = engines[1].engine.engine.runner
+            run_step = runner.run
+
+            def frozen_run(*args: object, **kwargs: object) -> object:
+                thawed.wait(timeout=60)
+                return run_step(*args, **kwargs)
+
+            runner.run = frozen_run  # type: ignore[method-assign]
             victims = [
                 (s, call_id)
                 for s in sessions
@@ -181,7 +191,9 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
                 assert final.value == y
                 assert [r.num_generated_tokens for r in s.runs.values()] == [48, 48]
         finally:
+            thawed.set()
             await manager.stop()
 
+    thawed = threading.Event()
     with farm(tiny_model_folder, 3) as engines:
         asyncio.run(main(engines))
