@@ -327,7 +327,9 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
-    written.append(_bars(plt, results, configs, out / "apps.png", [s for s in results["scenarios"] if not s["plots"]]))
+    unplotted = [s for s in results["scenarios"] if not s["plots"]]
+    if unplotted:  # none when every scenario run has a figure of its own (e.g. --only gpts)
+        written.append(_bars(plt, results, configs, out / "apps.png", unplotted))
     ablation_keys = {
         r["scenario"] for r in results["records"] if r["config"] in {c["key"] for c in ablation_configs(results)}
     }

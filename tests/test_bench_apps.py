@@ -17,7 +17,7 @@ from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
 from benchmarks.netsim import RoundTrip, RttModel
-from benchmarks.report import derive, ratio, render_ablations, render_table
+from benchmarks.report import derive, ratio, render_ablations, render_table, write_plots
 from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
 from benchmarks.servers import openai_factory, parrot_over
@@ -244,6 +244,17 @@ def test_table_shows_median_runs_with_their_range_ratios_and_the_papers_figure()
         "| chain | completion time (s) | Parrot w/o x | 4.50 | 5.00 | 1.11x |"
     )
     assert ratio(3.0, 1.5) == 2.0 and ratio(3.0, 1.5, lower_is_better=False) == 0.5 and ratio(None, 1.0) is None
+
+
+def test_plots_when_every_scenario_has_a_figure_of_its_own(tmp_path: Path) -> None:
+    results = _results()  # `--only gpts`: no scenario left for the bar panels (that crashed)
+    results["scenarios"] = [s for s in results["scenarios"] if s["plots"]]
+    results["records"] = [r for r in results["records"] if r["scenario"] != "chain"]
+    assert [p.name for p in write_plots(results, tmp_path)] == ["gpts.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpts.png"]
+    full = _results()  # with a scenario without a figure, the bars come too
+    (tmp_path / "all").mkdir()
+    assert [p.name for p in write_plots(full, tmp_path / "all")] == ["gpts.png", "apps.png", "ablations.png"]
 
 
 # ---- end to end on the tiny model -----------------------------------------------------------------
