@@ -8,7 +8,11 @@ final value comes back.
 
 Draws are reproducible: an `RttSampler` owns a `random.Random` seeded by a string, so two
 configurations that run the same workload with the same seed draw the same sequence (in the order
-their calls start).
+their calls start). A workload of independent clients (chats beside apps, concurrent chains) gives
+each its own `stream`: a request-level app draws a round trip per call and a Parrot app one per
+submission, so on one shared stream every later client would draw different round trips in each
+configuration (until the twenty-fifth session the mixed workload's chats did: its chat latency
+compared networks as well as servers).
 """
 
 from __future__ import annotations
@@ -51,18 +55,27 @@ class RttModel:
 class RttSampler:
     """One seeded stream of round trips; counts what it has charged."""
 
-    def __init__(self, model: RttModel, seed: str) -> None:
+    def __init__(self, model: RttModel, seed: str, parent: RttSampler | None = None) -> None:
         self.model = model
         self.seed = seed
         self._rng = random.Random(seed)
+        self.parent = parent  # the run's sampler, which counts this stream's draws too
         self.num_round_trips = 0
         self.total_s = 0.0
+
+    def stream(self, key: str) -> RttSampler:
+        """The round trips of one independent client (`key`: its stable name in the workload, e.g.
+        `chat/3`): the same draws in every configuration whatever the others draw; counted here too."""
+        return RttSampler(self.model, f"{self.seed}/{key}", self)
 
     def draw_s(self) -> float:
         """The next round trip, in seconds."""
         rtt_s = self.model.scale * self._rng.choice(self.model.samples_ms) / 1000.0
-        self.num_round_trips += 1
-        self.total_s += rtt_s
+        sampler: RttSampler | None = self
+        while sampler is not None:
+            sampler.num_round_trips += 1
+            sampler.total_s += rtt_s
+            sampler = sampler.parent
         return rtt_s
 
     async def around(self, call: Awaitable[T]) -> T:

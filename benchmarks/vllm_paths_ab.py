@@ -39,9 +39,19 @@ from parrot.serve import ManagerConfig, create_manager
 
 STREAMED = {"stream": True, "logprobs": 0, "return_tokens_as_token_ids": True}
 IDS = {"stream": True, "return_token_ids": True}  # vLLM's token ids without logprobs
+RARE_HEARTBEATS = ManagerConfig(heartbeat_interval_s=10.0, heartbeat_timeout_s=10.0, engine_dead_after_s=60.0)
 
 
-async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, extra: dict[str, Any]) -> float:
+def burn(ms: float) -> None:
+    """Spin this thread for `ms` of CPU (what a client path might cost the engine's cores)."""
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        pass
+
+
+async def direct(
+    server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, extra: dict[str, Any], cpu_ms: float = 0.0
+) -> float:
     latencies: list[float] = []
     async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:
 
@@ -49,6 +59,7 @@ async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, out
             await asyncio.sleep(delay)
             body = {"model": server.model, "prompt": prompt, "max_tokens": out, "temperature": 0.0, "ignore_eos": True}
             start = time.perf_counter()
+            burn(cpu_ms)
             if extra.get("stream"):
                 async with http.stream("POST", "/v1/completions", json=body | extra) as resp:
                     async for _ in resp.aiter_lines():
@@ -62,14 +73,20 @@ async def direct(server: VLLMServer, prompts: list[list[int]], gap_s: float, out
 
 
 async def via_parrot(
-    server: VLLMServer, prompts: list[list[int]], gap_s: float, out: int, interval: int = 1, logprobs: bool = False
+    server: VLLMServer,
+    prompts: list[list[int]],
+    gap_s: float,
+    out: int,
+    interval: int = 1,
+    logprobs: bool = False,
+    config: ManagerConfig | None = None,
 ) -> float:
     """Through the manager over the adapter; `logprobs`: as if a reader wanted the tokens' logprobs
     (an OpenAI request with `logprobs`): vLLM computes them, the SDK's calls do not ask."""
     client = OpenAIEngineClient(
         server.base_url, server.model, tokenizer_folder=server.model_folder, stream_interval=interval
     )
-    manager = create_manager([client], config=ManagerConfig())
+    manager = create_manager([client], config=config or ManagerConfig())
     await manager.start()
     latencies: list[float] = []
     template = ParsedTemplate((TextPiece("x"), Placeholder("o", PlaceholderKind.OUTPUT)), (), ("o",))
@@ -124,9 +141,11 @@ def main() -> None:
             "streamed, chunks of 16": lambda p: direct(server, p, gap_s, out, {**STREAMED, "stream_interval": 16}),
             "ids, chunks of 16": lambda p: direct(server, p, gap_s, out, {**IDS, "stream_interval": 16}),
             "ids": lambda p: direct(server, p, gap_s, out, IDS),
+            "ids, chunks of 16, 5 ms CPU": lambda p: direct(server, p, gap_s, out, {**IDS, "stream_interval": 16}, 5.0),
             "parrot": lambda p: via_parrot(server, p, gap_s, out),
             "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, out, 8),
             "parrot, logprobs read": lambda p: via_parrot(server, p, gap_s, out, logprobs=True),
+            "parrot, heartbeat 10 s": lambda p: via_parrot(server, p, gap_s, out, config=RARE_HEARTBEATS),
         }
         if args.modes:
             unknown = set(args.modes) - set(modes)

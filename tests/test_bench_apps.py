@@ -1,11 +1,11 @@
-"""Application benchmarks: the network model, workload scaling, prompt rendering, the report table,
-and one tiny end-to-end run of an app on Parrot and on the request-level baseline (tiny model)."""
+"""Application benchmarks: workload scaling, prompt rendering, the report table, and one tiny
+end-to-end run of an app on Parrot and on the request-level baseline (tiny model); the network
+model is in test_bench_netsim.py."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from benchmarks.baselines import Completion, OutputError, SessionClient, check_c
 from benchmarks.configs import Config, plan_configs, step_ms_at
 from benchmarks.data import Document
 from benchmarks.deploy import API_KEY, LocalServer, ServerSpec, UpstreamServer
-from benchmarks.netsim import RoundTrip, RttModel
+from benchmarks.netsim import RttModel
 from benchmarks.report import derive, ratio, render_ablations, render_table, write_plots
 from benchmarks.run import Context, run_unit
 from benchmarks.scaling import FULL, QUICK, load_paper_workloads
@@ -27,49 +27,6 @@ from parrot.serve import ManagerConfig
 from parrot.text import Tokenizer
 
 PAPER = load_paper_workloads()
-
-# ---- the network model --------------------------------------------------------------------------
-
-
-def test_rtt_draws_are_seeded_per_stream_and_come_from_the_samples() -> None:
-    model = RttModel.from_workloads(PAPER)
-    assert len(model.samples_ms) == 100 and model.samples_ms[0] == 248.365
-    a, b, other = model.sampler("rtt/x"), model.sampler("rtt/x"), model.sampler("rtt/y")
-    draws = a.draws(50)
-    assert draws == b.draws(50)
-    assert draws != other.draws(50)
-    assert {round(d * 1000, 3) for d in draws} <= set(model.samples_ms)
-    assert a.num_round_trips == 50 and a.total_s == pytest.approx(sum(draws))
-
-
-def test_rtt_scale_and_validation() -> None:
-    assert RttModel((100.0, 300.0), scale=0.5).mean_ms == 100.0
-    assert RttModel((250.0,), scale=0.0).sampler("s").draws(3) == [0.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="at least one"):
-        RttModel(())
-    with pytest.raises(ValueError, match=">= 0"):
-        RttModel((1.0,), scale=-1.0)
-
-
-def test_a_request_pays_half_a_round_trip_each_way() -> None:
-    sampler = RttModel((80.0,)).sampler("s")
-    marks: list[float] = []
-
-    async def call() -> str:
-        marks.append(time.perf_counter())
-        return "done"
-
-    async def go() -> tuple[str, float, float]:
-        start = time.perf_counter()
-        out = await sampler.around(call())
-        return out, marks[0] - start, time.perf_counter() - marks[0]
-
-    out, before, after = asyncio.run(go())
-    assert out == "done"
-    assert 0.035 <= before < 0.075 and 0.035 <= after < 0.075
-    RoundTrip(sampler)  # one draw for a whole submission, paid in two halves
-    assert sampler.num_round_trips == 2
-
 
 # ---- scaling --------------------------------------------------------------------------------------
 

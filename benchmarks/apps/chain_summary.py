@@ -127,9 +127,13 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
     stop = asyncio.Event()
     background = None
     if params.background_rate > 0:
-        background = asyncio.create_task(_background(params, target.request_client(), corpus, stop))
-    try:
-        jcts = await asyncio.gather(*(app(params, target, chunks) for chunks in chunk_lists))
+        background = asyncio.create_task(
+            _background(params, target.stream("background").request_client(), corpus, stop)
+        )
+    try:  # each chain its own round trips (RttSampler.stream), the same in every configuration
+        jcts = await asyncio.gather(
+            *(app(params, target.stream(f"app/{k}"), chunks) for k, chunks in enumerate(chunk_lists))
+        )
     finally:
         stop.set()
     num_bg = await background if background is not None else 0

@@ -14,7 +14,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from benchmarks import data
@@ -49,6 +49,13 @@ class Target:
     def session(self) -> AsyncSession:
         assert self.parrot_url is not None
         return AsyncSession(self.parrot_url, api_key=API_KEY)
+
+    def stream(self, key: str) -> Target:
+        """This target for one independent client of the workload: its own round-trip draws
+        (RttSampler.stream), the same in every configuration."""
+        rtt = self.rtt.stream(key)
+        client = Networked(self.client.inner, rtt) if self.client is not None else None
+        return replace(self, rtt=rtt, client=client)
 
     def request_client(self) -> Networked:
         assert self.client is not None, f"{self.config} has no request-level client"

@@ -100,23 +100,26 @@ async def run(params: Params, target: Target, corpus: Corpus) -> Outcome:
     mr = params.map_reduce
     docs = corpus.documents(4 + len(params.app_starts_s), mr.chunk_tokens * mr.num_chunks)[4:]
     chunk_lists = [corpus.chunks(d, mr.chunk_tokens, mr.num_chunks) for d in docs]
-    client = target.request_client()
     start = now()
 
     async def chat(i: int, prompt: str, max_tokens: int) -> float:
+        client = target.stream(f"chat/{i}").request_client()  # its round trip whatever the apps draw
         await at(start, i / params.chat_rate)
         begin = now()
         await client.complete(prompt, max_tokens)
         return (now() - begin) * 1000.0 / max_tokens
 
-    async def app(offset: float, chunks: list[str]) -> float:
+    async def app(j: int, offset: float, chunks: list[str]) -> float:
+        own = target.stream(f"app/{j}")
         await at(start, offset)
         if target.is_parrot:
-            return await map_reduce.parrot_app(mr, target, chunks)
-        return await map_reduce.baseline_app(mr, target, chunks)
+            return await map_reduce.parrot_app(mr, own, chunks)
+        return await map_reduce.baseline_app(mr, own, chunks)
 
     chat_tasks = [chat(i, p, n) for i, (p, n) in enumerate(chats)]
-    app_tasks = [app(offset, chunks) for offset, chunks in zip(params.app_starts_s, chunk_lists, strict=True)]
+    app_tasks = [
+        app(j, offset, chunks) for j, (offset, chunks) in enumerate(zip(params.app_starts_s, chunk_lists, strict=True))
+    ]
     results = await asyncio.gather(*chat_tasks, *app_tasks)
     norms, jcts = results[: len(chat_tasks)], results[len(chat_tasks) :]
     num_apps = len(app_tasks)
