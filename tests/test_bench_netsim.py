@@ -4,10 +4,10 @@ samples, one stream per independent client, half paid each way."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from benchmarks import netsim
 from benchmarks.netsim import RoundTrip, RttModel
 from benchmarks.scaling import load_paper_workloads
 
@@ -53,21 +53,21 @@ def test_rtt_scale_and_validation() -> None:
         RttModel((1.0,), scale=-1.0)
 
 
-def test_a_request_pays_half_a_round_trip_each_way() -> None:
+def test_a_request_pays_half_a_round_trip_each_way(monkeypatch: pytest.MonkeyPatch) -> None:
     sampler = RttModel((80.0,)).sampler("s")
-    marks: list[float] = []
+    log: list[object] = []
+
+    async def sleep(seconds: float) -> None:  # recorded, not slept: exact on a loaded machine
+        log.append(seconds)
 
     async def call() -> str:
-        marks.append(time.perf_counter())
+        log.append("call")
         return "done"
 
-    async def go() -> tuple[str, float, float]:
-        start = time.perf_counter()
-        out = await sampler.around(call())
-        return out, marks[0] - start, time.perf_counter() - marks[0]
-
-    out, before, after = asyncio.run(go())
-    assert out == "done"
-    assert 0.035 <= before < 0.075 and 0.035 <= after < 0.075
-    RoundTrip(sampler)  # one draw for a whole submission, paid in two halves
-    assert sampler.num_round_trips == 2
+    monkeypatch.setattr(netsim, "_sleep", sleep)
+    assert asyncio.run(sampler.around(call())) == "done"
+    assert log == [0.04, "call", 0.04]
+    trip = RoundTrip(sampler)  # one draw for a whole submission, paid in two halves
+    asyncio.run(trip.out())
+    asyncio.run(trip.back())
+    assert log[3:] == [0.04, 0.04] and sampler.num_round_trips == 2
