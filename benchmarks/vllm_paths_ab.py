@@ -7,7 +7,10 @@ vLLM server whole (as the request-level client sends them), streamed as the engi
 Also streamed in chunks of 16 tokens (the adapter's for a generation nobody watches), with the
 ids under `logprobs: 0` (the adapter's where a reader wants logprobs) or as vLLM's
 `return_token_ids` (no logprobs computed: the adapter's otherwise); and through the manager as if
-a reader wanted the logprobs ("parrot, logprobs read").
+a reader wanted the logprobs ("parrot, logprobs read"). Diagnostics of the manager's cost: its
+heartbeats every 10 s instead of 0.5 ("parrot, heartbeat 10 s"), one streamed chunk per answer
+("parrot, one chunk"), and the plain streamed ids with 5 ms of CPU spent in this process per
+request ("ids, chunks of 16, 5 ms CPU": what a client-side ms costs the engine on shared cores).
 
 Each round sends `--requests` requests (a shared 930-token system prompt + a 20-token question,
 32 output tokens) at `--rate` per second in every mode, modes interleaved; prints the median over
@@ -144,6 +147,7 @@ def main() -> None:
             "ids, chunks of 16, 5 ms CPU": lambda p: direct(server, p, gap_s, out, {**IDS, "stream_interval": 16}, 5.0),
             "parrot": lambda p: via_parrot(server, p, gap_s, out),
             "parrot, chunks of 8": lambda p: via_parrot(server, p, gap_s, out, 8),
+            "parrot, one chunk": lambda p: via_parrot(server, p, gap_s, out, out),
             "parrot, logprobs read": lambda p: via_parrot(server, p, gap_s, out, logprobs=True),
             "parrot, heartbeat 10 s": lambda p: via_parrot(server, p, gap_s, out, config=RARE_HEARTBEATS),
         }
