@@ -1,6 +1,6 @@
 """Check and time the Triton shared-prefix decode kernels on a CUDA GPU (run on a lent GPU machine).
 
-    python3 scripts/gpu_attention_check.py [--quick] [--out DIR]
+    python3 scripts/gpu_attention_check.py [--quick | --sweep] [--out DIR]
     TRITON_INTERPRET=1 python3 scripts/gpu_attention_check.py --dry-run   # CPU: tiny shapes, no timing
 
 For N contexts forked from a P-token prefix (each with its own 100-1,000-token suffix, the
@@ -103,6 +103,7 @@ def check(
             row[f"{how}_{name}"] = statistics.median(r[i] for r in rounds)
     kv_bytes = 2 * hkv * d * k_cache.element_size()
     row["kv_mb_per_ctx"] = sum(lens) * kv_bytes / 1e6
+    row["kv_mb_saved"] = (num_ctx - 1) * (prefix_len // BLOCK_SIZE * BLOCK_SIZE) * kv_bytes / 1e6  # spared reads
     row["kv_mb_shared"] = (prefix_len // BLOCK_SIZE * BLOCK_SIZE + sum(lens) - num_ctx * (prefix_len // BLOCK_SIZE)
                            * BLOCK_SIZE) * kv_bytes / 1e6  # fmt: skip
     row["shared_gbps"] = row["kv_mb_shared"] / 1e3 / (row["graph_ms_triton_shared"] / 1e3)
@@ -112,6 +113,7 @@ def check(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="bf16 shapes around the cascade's break-even point")
     parser.add_argument("--dry-run", action="store_true", help="CPU tensors under TRITON_INTERPRET=1, tiny shapes")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = parser.parse_args()
@@ -123,6 +125,10 @@ def main() -> None:
     print(f"{name}; torch {torch.__version__}; triton {triton_kernels.triton.__version__}", flush=True)
     if args.dry_run:
         shapes, extra = [(4, 300)], [(3, 300, (32, 8, 128), torch.float16), (3, 300, (9, 3, 64), torch.float32)]
+    elif args.sweep:  # where grouping starts to pay: rows x shared tokens x bytes a token
+        sizes = [(4, 2048), (4, 8192), (8, 2048), (8, 8192), (16, 1024), (16, 2048), (16, 4096), (32, 2048)]
+        sizes += [(64, 1024), (64, 2048)]
+        shapes, extra = [], [(n, p, h, torch.bfloat16) for h in ((9, 3, 64), (32, 8, 128)) for n, p in sizes]
     elif args.quick:
         shapes, extra = [(8, 1024), (32, 4096)], []
     else:
@@ -144,14 +150,14 @@ def main() -> None:
     bad = [r for r in rows if max(r["err_triton_shared"], r["err_triton_per_ctx"]) > tolerance[r["dtype"]]]
     print("\n| ctx | prefix | heads | dtype | rel err shared | graph ms: torch per-ctx | triton per-ctx "
           "| triton shared | shared vs torch | shared vs triton per-ctx | eager ms: torch per-ctx | triton per-ctx "
-          "| triton shared | shared GB/s (graph) |")  # fmt: skip
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| triton shared | shared GB/s (graph) | MB saved |")  # fmt: skip
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         g = [r[f"graph_ms_{n}"] for n in ("torch_per_ctx", "triton_per_ctx", "triton_shared")]
         e = [r[f"ms_{n}"] for n in ("torch_per_ctx", "triton_per_ctx", "triton_shared")]
         print(f"| {r['contexts']} | {r['prefix']} | {r['heads']} | {r['dtype']} | {r['err_triton_shared']:.1e} | "
               f"{g[0]:.4f} | {g[1]:.4f} | {g[2]:.4f} | {g[0] / g[2]:.1f}x | {g[1] / g[2]:.1f}x | "
-              f"{e[0]:.3f} | {e[1]:.3f} | {e[2]:.3f} | {r['shared_gbps']:.0f} |")  # fmt: skip
+              f"{e[0]:.3f} | {e[1]:.3f} | {e[2]:.3f} | {r['shared_gbps']:.0f} | {r['kv_mb_saved']:.0f} |")  # fmt: skip
     print("all within tolerance" if not bad else f"{len(bad)} shapes OUT OF TOLERANCE")
     sys.exit(1 if bad else 0)
 

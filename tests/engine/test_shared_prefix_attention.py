@@ -262,6 +262,18 @@ def test_grouping_threshold_keeps_short_runs_per_row() -> None:
     assert plan.tail(3) == ([12, 13, 23, 24], 14)
 
 
+def test_grouping_asks_a_segment_to_spare_enough_token_reads() -> None:
+    # The system prompt: 5 rows x 16 tokens spare 64 reads; each document pair 1 x 8 = 8.
+    plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=8, min_saved_tokens=64))
+    assert plan.segments == (Segment((0, 1, 2, 3, 4), (0, 1, 2, 3), 16),)
+    assert plan.tail(0) == ([10, 11, 20], 10)
+    # Asking 65: the prompt's 64 fall short; carried down, each pair's 24 tokens spare 24: none.
+    none = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=8, min_saved_tokens=65))
+    assert none.segments == () and none.tail(3) == ([0, 1, 2, 3, 12, 13, 23, 24], 30)
+    with pytest.raises(ValueError, match="min_saved_tokens"):
+        GroupingConfig(min_saved_tokens=-1)
+
+
 def test_grouping_carries_a_short_parent_into_its_children() -> None:
     # The system prompt alone (16 tokens) is too short; with each document it pays (24).
     plan = plan_shared_prefixes(TABLES, LENS, 4, GroupingConfig(min_shared_tokens=20))

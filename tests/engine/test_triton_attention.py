@@ -21,10 +21,10 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0); Triton kernels untested")
 from parrot.engine import kernels
-from parrot.engine.attention import triton_kernels
+from parrot.engine.attention import shared_prefix_backend, triton_kernels
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.attention.shared_prefix import GroupingConfig, plan_shared_prefixes
-from parrot.engine.attention.shared_prefix_backend import TritonSharedPrefixAttention
+from parrot.engine.attention.shared_prefix_backend import TritonSharedPrefixAttention, triton_grouping
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
@@ -121,6 +121,16 @@ def test_backend_without_groups_is_a_paged_decode() -> None:
     torch.testing.assert_close(backend.decode(0, q), expected, **TOL[torch.float32])
 
 
+def test_backend_groups_by_the_kv_bytes_a_segment_spares() -> None:
+    # From the H200 sweep: a segment pays from ~48 MB of K and V reads spared per layer.
+    assert triton_grouping(3, 64, 2).min_saved_tokens == 62_500  # 768 bytes a token
+    assert triton_grouping(8, 128, 2).min_saved_tokens == 11_719  # 4 KiB a token
+    assert triton_grouping(8, 128, 4).min_saved_tokens == 5_860
+    _, cache, _, _ = setup([(48, [2, 5, 3, 1]), 6], 4, torch.float32, (8, 2, 32))
+    assert TritonSharedPrefixAttention(cache, 8, 2, 32).grouping == triton_grouping(2, 32, 4)
+    assert TritonSharedPrefixAttention(cache, 8, 2, 32, grouping=GROUPING).grouping == GROUPING
+
+
 def test_backend_refuses_cpu_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(triton_kernels, "INTERPRETED", False)  # as if compiled for CUDA
     cache = KVCache(1, 4, 16, 3, 64, torch.float32)
@@ -128,8 +138,9 @@ def test_backend_refuses_cpu_without_interpreter(monkeypatch: pytest.MonkeyPatch
         TritonSharedPrefixAttention(cache, 9, 3, 64)
 
 
-def test_engine_with_triton_backend(tiny_model_folder: Path) -> None:
+def test_engine_with_triton_backend(tiny_model_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy tokens and logprobs of forked contexts: Triton (interpreted) == per-context backend."""
+    monkeypatch.setattr(shared_prefix_backend, "TRITON_MIN_SAVED_BYTES", 1)  # a tiny model's groups pay
     rng = random.Random(3)
     prefix = [rng.randrange(3, 40000) for _ in range(300)]
     turns = [[rng.randrange(3, 40000) for _ in range(4)] for _ in range(3)]

@@ -32,12 +32,15 @@ class GroupingConfig:
 
     min_group_size: int = 2  # rows that must share the blocks
     min_shared_tokens: int = 256  # tokens the shared blocks must hold
+    min_saved_tokens: int = 0  # token reads the segment spares: (rows - 1) x its tokens
 
     def __post_init__(self) -> None:
         if self.min_group_size < 2:
             raise ValueError(f"min_group_size must be >= 2, got {self.min_group_size}")
         if self.min_shared_tokens < 1:
             raise ValueError(f"min_shared_tokens must be >= 1, got {self.min_shared_tokens}")
+        if self.min_saved_tokens < 0:
+            raise ValueError(f"min_saved_tokens must be >= 0, got {self.min_saved_tokens}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def plan_shared_prefixes(
     row's newest token can be shared: that token's block is written this step, so it is private
     (copy-on-write) and every tail keeps at least one slot. A trie node whose rows number at least
     `min_group_size` becomes a segment once the blocks not yet assigned on its path (its own, plus
-    those of ancestors too short to pay) hold at least `min_shared_tokens`; otherwise they are
+    those of ancestors too short to pay) hold at least `min_shared_tokens`, and reading them once
+    spares at least `min_saved_tokens` token reads ((rows - 1) x tokens); otherwise they are
     carried down to its children, and to the rows' tails where the path ends.
     """
     cfg = config or GroupingConfig()
@@ -99,10 +103,13 @@ def plan_shared_prefixes(
         sub = keys[rows, start:]
         same = (sub == sub[0]).all(axis=0) & (sub[0] >= 0)
         end = start + (int(same.argmin()) if not same.all() else len(same))
-        if end > pending and (end - pending) * bs >= cfg.min_shared_tokens:
-            segments.append(
-                Segment(tuple(rows.tolist()), tuple(keys[rows[0], pending:end].tolist()), (end - pending) * bs)
-            )
+        num_tokens = (end - pending) * bs
+        if (
+            end > pending
+            and num_tokens >= cfg.min_shared_tokens
+            and (len(rows) - 1) * num_tokens >= cfg.min_saved_tokens
+        ):
+            segments.append(Segment(tuple(rows.tolist()), tuple(keys[rows[0], pending:end].tolist()), num_tokens))
             shared[rows, pending:end] = True
             pending = end
         if end < width:

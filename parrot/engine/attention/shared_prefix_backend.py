@@ -117,6 +117,22 @@ def native_pieces(plan: SharedPrefixPlan, block_size: int, piece_tokens: int = 2
     return kernels.CascadePieces.build(pieces, len(plan.tail_lens))
 
 
+# On a GPU the cascade costs a few microseconds more per layer than the same kernels run per
+# context (more launches, the merge), so a group pays once reading its prefix once spares more
+# bytes than that: on an H200, from ~48 MB of spared KV reads per layer (graph-timed, bf16, 30
+# shapes of 4-64 rows over 1,024-8,192 tokens, two head layouts: at 44 MB and below 0.6-0.9x the
+# per-context kernels, at 47 MB 1.0x, from 49 MB 1.1-2.0x; scripts/gpu_attention_check.py --sweep,
+# bench_results/gpu_attention_h200/).
+TRITON_MIN_SAVED_BYTES = 48_000_000
+
+
+def triton_grouping(num_kv_heads: int, head_dim: int, element_size: int) -> GroupingConfig:
+    """The Triton backend's grouping for one layer's KV layout: a segment must spare
+    TRITON_MIN_SAVED_BYTES of K and V reads."""
+    bytes_per_token = 2 * num_kv_heads * head_dim * element_size
+    return GroupingConfig(min_saved_tokens=-(-TRITON_MIN_SAVED_BYTES // bytes_per_token))
+
+
 class TritonSharedPrefixAttention(SharedPrefixAttention):
     name = "triton_shared_prefix"
 
@@ -135,6 +151,7 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
         reason = triton_kernels.unavailable_reason(cache.k.device)
         if reason is not None:
             raise ValueError(f"attention backend {self.name!r}: {reason}; use 'shared_prefix' on the CPU")
+        grouping = grouping or triton_grouping(num_kv_heads, head_dim, cache.k.element_size())
         super().__init__(cache, num_heads, num_kv_heads, head_dim, False, grouping)
         self.kernels = triton_kernels
         self.triton_meta: triton_kernels.TritonCascadeMeta | None = None
