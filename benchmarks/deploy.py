@@ -78,7 +78,7 @@ class ManagerServer:
     def start(self, timeout_s: float = 120.0) -> ManagerServer:
         manager = self.manager = create_manager([self._engine()], config=self.manager_config)
         self._server = ServerThread(
-            create_app(manager, connect_engine=connect_engine), graceful_shutdown_s=5, name=f"bench-{self.name}"
+            create_app(manager, connect_engine=connect_engine), graceful_shutdown_s=5, name=self.thread_name
         )
         try:
             self._server.start(timeout=timeout_s)
@@ -92,6 +92,11 @@ class ManagerServer:
         if self._server is not None:
             self._server.stop()
         self._stop_engine()
+
+    @property
+    def thread_name(self) -> str:
+        """The name of the thread that runs the manager's event loop (its CPU: RunCost)."""
+        return f"bench-{self.name}"
 
     def latency_cap(self) -> int | None:
         """The manager's latency cap for its engine (calibrated at each heartbeat; any thread)."""

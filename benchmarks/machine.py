@@ -7,6 +7,7 @@ import contextlib
 import os
 import platform
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,24 @@ def machine_cpu_s() -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def _stat_fields(stat: Path) -> list[str]:
+    """A /proc stat file's fields after the command (which may hold spaces): state, ppid, ...,
+    utime and stime at 11 and 12."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+def thread_cpu_s(name: str) -> float:
+    """CPU seconds (user + system) used so far by this process's live Python thread `name` (a
+    manager's server thread), from /proc; 0 when it is not running or there is no /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = _stat_fields(Path(f"/proc/self/task/{thread.native_id}/stat"))
+                return (int(fields[11]) + int(fields[12])) / ticks
+    return 0.0
+
+
 def descendants_cpu_s(pid: int | None = None) -> float:
     """CPU seconds (user + system) used so far by the live processes below `pid` (default: this
     process): a peer server such as vLLM and its engine-core process. Read from /proc; 0 elsewhere."""
@@ -67,8 +86,7 @@ def descendants_cpu_s(pid: int | None = None) -> float:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            # Fields after the command (which may hold spaces): state ppid ... utime(14) stime(15).
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(entry / "stat")
             parents[int(entry.name)] = int(fields[1])
             times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
     below: set[int] = {root}

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import run_cost
-from benchmarks.machine import descendants_cpu_s, machine_cpu_s
+from benchmarks.machine import descendants_cpu_s, machine_cpu_s, thread_cpu_s
 from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
 from benchmarks.run_cost import RunCost
 
@@ -94,3 +95,37 @@ def test_a_run_s_cost_is_the_machine_s_busy_time_less_its_own(monkeypatch: pytes
     # /proc/stat's 10 ms ticks can read less than the run's own time: nobody else, not less than 0.
     cost = run([(100.0, 5.0), (102.25, 5.0)], [10.0, 11.0], [2.0, 3.5])
     assert cost == {"cpu_s": 1.0, "peer_cpu_s": 1.5, "others_cpu_s": 0.0, "steal_s": 0.0}
+
+
+def test_a_parrot_run_counts_its_manager_threads_cpu_apart() -> None:
+    started, stop = threading.Event(), threading.Event()
+
+    def loop() -> None:  # a manager's event loop: busy only while "measured"
+        started.set()
+        while not stop.is_set():
+            t = time.thread_time()
+            while time.thread_time() - t < 0.3 and not stop.is_set():
+                pass
+            stop.wait()
+
+    thread = threading.Thread(target=loop, name="bench-manager-under-test", daemon=True)
+
+    async def measure() -> dict[str, object]:
+        cost = await RunCost(None, thread.name).start()
+        thread.start()
+        started.wait(5)
+        await asyncio.sleep(0.6)  # the thread burns 0.3 s of CPU, then waits
+        return await cost.stop()
+
+    try:
+        cost = asyncio.run(measure())
+    finally:
+        stop.set()
+        thread.join(5)
+    assert 0.25 <= cost["manager_cpu_s"] <= cost["cpu_s"]  # type: ignore[operator]
+    assert thread_cpu_s("no-such-thread") == 0.0
+
+    async def without() -> dict[str, object]:
+        return await (await RunCost(None).start()).stop()
+
+    assert "manager_cpu_s" not in asyncio.run(without())  # a request-level configuration
