@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,21 +66,30 @@ def _stat_fields(stat: Path) -> list[str]:
 
 def thread_cpu_s(name: str) -> float:
     """CPU seconds (user + system) used so far by this process's live Python thread `name` (a
-    manager's server thread), from /proc; 0 when it is not running or there is no /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    manager's server thread) and its worker pool (threads named `name-pool...`: ServerThread's),
+    from each thread's CPU clock (nanoseconds; /proc's 10 ms ticks where there is none); 0 when
+    none is running."""
+    total = 0.0
     for thread in threading.enumerate():
-        if thread.name == name and thread.native_id is not None:
+        if thread.ident is None or not (thread.name == name or thread.name.startswith(f"{name}-pool")):
+            continue
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (AttributeError, OSError):  # no per-thread clock here: the kernel's tick counts
             with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = _stat_fields(Path(f"/proc/self/task/{thread.native_id}/stat"))
-                return (int(fields[11]) + int(fields[12])) / ticks
-    return 0.0
+                total += _cpu_s(_stat_fields(Path(f"/proc/self/task/{thread.native_id}/stat")))
+    return total
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system CPU seconds of a /proc stat file's fields (a process's or a thread's)."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def descendants_cpu_s(pid: int | None = None) -> float:
     """CPU seconds (user + system) used so far by the live processes below `pid` (default: this
     process): a peer server such as vLLM and its engine-core process. Read from /proc; 0 elsewhere."""
     root = os.getpid() if pid is None else pid
-    ticks = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
@@ -88,7 +98,7 @@ def descendants_cpu_s(pid: int | None = None) -> float:
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = _stat_fields(entry / "stat")
             parents[int(entry.name)] = int(fields[1])
-            times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+            times[int(entry.name)] = _cpu_s(fields)
     below: set[int] = {root}
     grew = True
     while grew:  # a few rounds: the tree is shallow (server, its engine core)

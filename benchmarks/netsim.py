@@ -60,13 +60,17 @@ class RttSampler:
         self.seed = seed
         self._rng = random.Random(seed)
         self.parent = parent  # the run's sampler, which counts this stream's draws too
+        self._streams: dict[str, RttSampler] = {}
         self.num_round_trips = 0
         self.total_s = 0.0
 
     def stream(self, key: str) -> RttSampler:
         """The round trips of one independent client (`key`: its stable name in the workload, e.g.
-        `chat/3`): the same draws in every configuration whatever the others draw; counted here too."""
-        return RttSampler(self.model, f"{self.seed}/{key}", self)
+        `chat/3`): the same draws in every configuration whatever the others draw; counted here too.
+        The same key is the same stream (its draws go on, they do not start over)."""
+        if key not in self._streams:
+            self._streams[key] = RttSampler(self.model, f"{self.seed}/{key}", self)
+        return self._streams[key]
 
     def draw_s(self) -> float:
         """The next round trip, in seconds."""

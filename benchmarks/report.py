@@ -192,10 +192,10 @@ def render_profile(results: dict[str, Any]) -> str:
     (count and seconds, all calls, not only the critical path), prompt tokens the engine computed,
     tokens generated, the peak of KV cache in use (cached prefixes included), the most sequences
     the engine was running at once (sampled every 50 ms), the CPU seconds the run took in the
-    benchmark's process (clients, manager, builtin engines) and in a peer server's processes (vLLM),
-    what the rest of the machine took meanwhile (other processes or tenants, and the hypervisor's
-    steal: a neighbour's share of the two cores shows there), and for runs on vLLM its own mean
-    time per request (arrival to finish, from its /metrics)."""
+    benchmark's process (clients, manager, builtin engines; the manager's thread and pool apart)
+    and in a peer server's processes (vLLM), what the rest of the machine took meanwhile (other
+    processes or tenants, the hypervisor's steal: a neighbour's share of the two cores shows
+    there), and for runs on vLLM its own mean time per request (arrival to finish, its /metrics)."""
     labels = {c["key"]: c["label"] for c in results["configs"]}
     head = [
         "workload",

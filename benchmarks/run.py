@@ -113,14 +113,14 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
     server = ctx.servers.get(config.server)
     sampler = ctx.rtt.sampler(f"rtt/{scenario.key}")  # the same draws for every configuration
     client = Networked(ctx.clients[config.server](), sampler)
-    parrot = server if (config.parrot and server) else None  # a Parrot configuration's manager
-    target = Target(config.key, sampler, parrot.url if parrot else None, client, config.server_dag)
+    parrot_url = server.url if (config.parrot and server) else None
+    target = Target(config.key, sampler, parrot_url=parrot_url, client=client, server_dag=config.server_dag)
     await settle(ctx)
     monitor = KvMonitor(server).start() if server else None
     traced = step_kinds.start(server)  # a builtin engine here: its steps by kind go in the record (sim fit)
     record: dict[str, Any] = {"scenario": scenario.key, "config": config.key, "client": ctx.client_kind[config.server]}
     vllm_url = ctx.vllm_url if config.server in ("vllm", "parrot_vllm") else None
-    cost = await RunCost(vllm_url, parrot.thread_name if parrot else None).start()
+    cost = await RunCost(vllm_url, server.thread_name if server else None).start()  # Parrot's manager, if any
     started = time.perf_counter()
     try:
         # Salted per scenario, configuration and repeat: no run is served from another run's prefix

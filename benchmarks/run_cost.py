@@ -2,9 +2,10 @@
 (clients, the manager, builtin engines) and in its child processes (a peer server: vLLM's API
 server and engine core), what the rest of the machine took meanwhile (other processes, other
 tenants of a shared host, and the hypervisor's steal: a run slowed by a neighbour shows it), and
-for runs on real vLLM its own mean times per request (its /metrics); for a Parrot configuration,
-the CPU its manager's server thread took (its event loop: HTTP, the executor, an OpenAI adapter's
-streams; a builtin engine's steps run on a thread of their own). The peer's CPU is that of the
+for runs on real vLLM its own mean times per request (its /metrics); for a configuration served by
+Parrot's manager, the CPU of the manager's server thread and its worker pool (HTTP, the executor,
+tokenizing batches, an OpenAI adapter's streams; a builtin engine's steps run on a thread of their
+own, not counted here). The peer's CPU is that of the
 child processes alive at both ends of the run (a long-lived server's): a child that exits during the
 run, and the kernel's softirq time on the run's own loopback traffic, count as others'."""
 
@@ -30,14 +31,15 @@ class RunCost:
     async def start(self) -> RunCost:
         if self.vllm_url:
             self._timings = await asyncio.to_thread(request_timings, self.vllm_url)
+        if self.manager_thread is not None:  # next to this process's: the same window
+            self._manager_cpu = thread_cpu_s(self.manager_thread)
         self._cpu = (time.process_time(), descendants_cpu_s())
         self._machine = machine_cpu_s()
-        if self.manager_thread is not None:
-            self._manager_cpu = thread_cpu_s(self.manager_thread)
         return self
 
     async def stop(self) -> dict[str, Any]:
         own = time.process_time() - self._cpu[0]
+        manager = thread_cpu_s(self.manager_thread) - self._manager_cpu if self.manager_thread else None
         peer = descendants_cpu_s() - self._cpu[1]
         busy, stolen = machine_cpu_s()
         cost: dict[str, Any] = {
@@ -48,8 +50,8 @@ class RunCost:
             "others_cpu_s": max(0.0, busy - self._machine[0] - own - peer),
             "steal_s": stolen - self._machine[1],
         }
-        if self.manager_thread is not None:
-            cost["manager_cpu_s"] = thread_cpu_s(self.manager_thread) - self._manager_cpu
+        if manager is not None:
+            cost["manager_cpu_s"] = manager
         if self._timings is not None:  # vLLM's histograms observe each request once
             assert self.vllm_url is not None
             after = await asyncio.to_thread(request_timings, self.vllm_url)

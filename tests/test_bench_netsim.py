@@ -41,6 +41,7 @@ def test_an_independent_clients_stream_draws_the_same_whatever_the_others_draw()
     chats_p.append(parrot.stream("chat/1").draw_s())
     assert chats_rl == chats_p
     assert (request_level.num_round_trips, parrot.num_round_trips) == (7, 3)  # counted by the run's sampler
+    assert parrot.stream("chat/1") is parrot.stream("chat/1")  # one stream a key: its draws go on
     assert parrot.total_s == pytest.approx(sum(chats_p) + model.sampler("rtt/m/app/0").draw_s())
 
 

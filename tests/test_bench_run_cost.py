@@ -10,12 +10,15 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
 from benchmarks import run_cost
 from benchmarks.machine import descendants_cpu_s, machine_cpu_s, thread_cpu_s
 from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
 from benchmarks.run_cost import RunCost
+from parrot.web.server_thread import ServerThread
 
 
 def test_child_processes_cpu_is_counted_apart_from_this_process() -> None:
@@ -100,30 +103,49 @@ def test_a_run_s_cost_is_the_machine_s_busy_time_less_its_own(monkeypatch: pytes
 def test_a_parrot_run_counts_its_manager_threads_cpu_apart() -> None:
     burned, stop = threading.Event(), threading.Event()
 
-    def loop() -> None:  # a manager's event loop: 0.3 s of CPU while measured, then idle
+    def loop(seconds: float) -> None:  # a manager's event loop, or its pool: CPU while measured
         t = time.thread_time()
-        while time.thread_time() - t < 0.3:
+        while time.thread_time() - t < seconds:
             pass
         burned.set()
         stop.wait()
 
-    thread = threading.Thread(target=loop, name="bench-manager-under-test", daemon=True)
+    name = "bench-manager-under-test"
+    threads = [
+        threading.Thread(target=loop, args=(0.3,), name=name, daemon=True),
+        threading.Thread(target=loop, args=(0.1,), name=f"{name}-pool_0", daemon=True),  # ServerThread's pool
+        threading.Thread(target=loop, args=(0.1,), name=f"{name}x", daemon=True),  # another thread
+    ]
 
     async def measure() -> dict[str, object]:
-        cost = await RunCost(None, thread.name).start()
-        thread.start()
-        assert await asyncio.to_thread(burned.wait, 30)  # however loaded the machine
+        cost = await RunCost(None, name).start()
+        for thread in threads:
+            thread.start()
+            assert await asyncio.to_thread(burned.wait, 30)  # however loaded the machine
+            burned.clear()
         return await cost.stop()
 
     try:
         cost = asyncio.run(measure())
     finally:
         stop.set()
-        thread.join(5)
-    assert 0.25 <= cost["manager_cpu_s"] <= cost["cpu_s"]  # type: ignore[operator]  # 10 ms ticks
+        for thread in threads:
+            thread.join(5)
+    assert 0.4 <= cost["manager_cpu_s"] < 0.45 <= cost["cpu_s"]  # type: ignore[operator]
     assert thread_cpu_s("no-such-thread") == 0.0
 
     async def without() -> dict[str, object]:
         return await (await RunCost(None).start()).stop()
 
     assert "manager_cpu_s" not in asyncio.run(without())  # a request-level configuration
+
+
+def test_a_server_threads_workers_are_named_after_it() -> None:
+    app = FastAPI()
+
+    @app.get("/worker")
+    async def worker() -> str:
+        return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+    with ServerThread(app, name="bench-named") as server:
+        assert httpx.get(f"{server.url}/worker", timeout=30).json().startswith("bench-named-pool")

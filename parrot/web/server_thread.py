@@ -11,6 +11,7 @@ import asyncio
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import uvicorn
@@ -37,6 +38,10 @@ class ServerThread:
         )
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
+        # Its worker threads (asyncio.to_thread: tokenizing a batch, ...) named after it, so what
+        # the server costs can be told from the rest of the process (benchmarks.machine.thread_cpu_s).
+        self._pool = ThreadPoolExecutor(thread_name_prefix=f"{name}-pool")
+        self.loop.set_default_executor(self._pool)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:

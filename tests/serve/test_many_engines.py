@@ -19,6 +19,7 @@ import pytest
 from engine_farm import ServedEngine, farm, reference
 
 from parrot.backends.http_engine import HttpEngineClient
+from parrot.engine.sched.job import ScheduledSeq
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig
@@ -128,6 +129,18 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
     )
 
     async def main(engines: list[ServedEngine]) -> None:
+        # e1's forward pass freezes once a generation on it has 4 tokens: no call on it can then
+        # finish in the time its server takes to stop (a race CI once lost, polling the manager).
+        runner = engines[1].engine.engine.runner
+        run_step = runner.run
+
+        def freezing_run(seqs: list[ScheduledSeq], *args: object) -> object:
+            if not thawed.is_set() and any(s.job.num_generated >= 4 for s in seqs):
+                frozen.set()
+                thawed.wait(timeout=120)
+            return run_step(seqs, *args)
+
+        runner.run = freezing_run  # type: ignore[method-assign]
         manager = await start_manager(engines, config)
         try:
             sessions = [open_session(manager) for _ in range(4)]
@@ -149,25 +162,8 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
                         ]
                     ),
                 )
-            # Kill e1 while one of its calls is half generated. Its forward pass is frozen first, so
-            # no call on it can finish in the time the server takes to stop (a race CI once lost).
-            deadline = time.monotonic() + 60
-            while not any(
-                r.engine_id == "e1" and r.state is CallState.RUNNING and 4 <= len(r.output_token_ids.get(n, ())) <= 32
-                for s in sessions
-                for r in s.runs.values()
-                for n in r.call.outputs
-            ):
-                assert time.monotonic() < deadline, "no call ran on e1"
-                await asyncio.sleep(0.002)
-            runner = engines[1].engine.engine.runner
-            run_step = runner.run
-
-            def frozen_run(*args: object, **kwargs: object) -> object:
-                thawed.wait(timeout=60)
-                return run_step(*args, **kwargs)
-
-            runner.run = frozen_run  # type: ignore[method-assign]
+            # Kill e1 while one of its calls is half generated (frozen there).
+            assert await asyncio.to_thread(frozen.wait, 60), "no call ran on e1"
             victims = [
                 (s, call_id)
                 for s in sessions
@@ -194,6 +190,6 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
             thawed.set()
             await manager.stop()
 
-    thawed = threading.Event()
+    frozen, thawed = threading.Event(), threading.Event()
     with farm(tiny_model_folder, 3) as engines:
         asyncio.run(main(engines))

@@ -121,7 +121,7 @@ def native_pieces(plan: SharedPrefixPlan, block_size: int, piece_tokens: int = 2
 # context (more launches, the merge), so a group pays only where reading its prefix once spares
 # reads worth more than that: on an H200, from ~48 MB of K and V reads per layer (graph-timed, 30 bf16
 # shapes of 4-64 rows over 1,024-8,192 tokens, two head layouts: at 44 MB and below 0.6-0.9x the
-# per-context kernels, at 47 MB 1.0x, from 49 MB 1.1-2.0x; scripts/gpu_attention_check.py --sweep,
+# per-context kernels, at 47 MB 1.0x, from 49 MB 1.1-3.7x; scripts/gpu_attention_check.py --sweep,
 # bench_results/gpu_attention_h200/).
 TRITON_MIN_SAVED_BYTES = 48_000_000
 
@@ -151,7 +151,8 @@ class TritonSharedPrefixAttention(SharedPrefixAttention):
         reason = triton_kernels.unavailable_reason(cache.k.device)
         if reason is not None:
             raise ValueError(f"attention backend {self.name!r}: {reason}; use 'shared_prefix' on the CPU")
-        grouping = grouping or triton_grouping(num_kv_heads, head_dim, cache.k.element_size())
+        if grouping is None:
+            grouping = triton_grouping(num_kv_heads, head_dim, cache.k.element_size())
         super().__init__(cache, num_heads, num_kv_heads, head_dim, False, grouping)
         self.kernels = triton_kernels
         self.triton_meta: triton_kernels.TritonCascadeMeta | None = None
