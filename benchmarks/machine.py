@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # /proc's CPU-time unit (ticks a second)
+
 
 def machine_info() -> dict[str, Any]:
     import torch
@@ -48,13 +50,12 @@ def machine_cpu_s() -> tuple[float, float]:
     /proc/stat: busy is every state but idle and iowait (a container sees its host's counters, so
     other tenants' work counts here); stolen is the hypervisor's steal column, time a virtual core
     waited for a physical one. (0, 0) where /proc/stat is missing."""
-    ticks = os.sysconf("SC_CLK_TCK")
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/stat").read_text().splitlines():
             if line.startswith("cpu "):
                 # user nice system idle iowait irq softirq steal (guest times are inside user)
                 user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in line.split()[1:9])
-                return (user + nice + system + irq + softirq) / ticks, steal / ticks
+                return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
     return 0.0, 0.0
 
 
@@ -83,7 +84,7 @@ def thread_cpu_s(name: str) -> float:
 
 def _cpu_s(fields: list[str]) -> float:
     """User + system CPU seconds of a /proc stat file's fields (a process's or a thread's)."""
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def descendants_cpu_s(pid: int | None = None) -> float:

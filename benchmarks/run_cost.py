@@ -39,7 +39,7 @@ class RunCost:
 
     async def stop(self) -> dict[str, Any]:
         own = time.process_time() - self._cpu[0]
-        manager = thread_cpu_s(self.manager_thread) - self._manager_cpu if self.manager_thread else None
+        manager = None if self.manager_thread is None else thread_cpu_s(self.manager_thread) - self._manager_cpu
         peer = descendants_cpu_s() - self._cpu[1]
         busy, stolen = machine_cpu_s()
         cost: dict[str, Any] = {

@@ -40,8 +40,7 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         # Its worker threads (asyncio.to_thread: tokenizing a batch, ...) named after it, so what
         # the server costs can be told from the rest of the process (benchmarks.machine.thread_cpu_s).
-        self._pool = ThreadPoolExecutor(thread_name_prefix=f"{name}-pool")
-        self.loop.set_default_executor(self._pool)
+        self.loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix=f"{name}-pool"))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
