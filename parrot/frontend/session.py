@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from parrot.frontend.core import SessionCore, current_core
-from parrot.frontend.transport import ApiTransport
+from parrot.frontend.transport import ApiTransport, end_of_loop
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import SessionStatus, VariableList
@@ -96,7 +96,10 @@ class Session(_SessionBase):
         try:
             self._run(self.core.close())
         finally:
-            self._stop_loop()
+            try:
+                self._run(end_of_loop())  # its loop stops without cancelling the connections' linger
+            finally:
+                self._stop_loop()
 
     def open(self) -> None:
         """Create the session on the server now (it is otherwise created with its first batch)."""

@@ -13,6 +13,7 @@ dropped connection, or a 5xx from something else (a proxy), it may have arrived:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import urllib.request
@@ -44,6 +45,7 @@ from parrot.protocol.public_api import (
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_BACKOFF_S = 10.0
 _CONNECT_TIMEOUT_S = 10.0
+_KEEPALIVE_S = 4.0  # an idle connection's life in the client (uvicorn keeps one 5 s)
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,22 @@ class _Answer:
 class _Connections:
     """The TCP connections of the sessions open on one event loop: a new session reuses one kept
     alive by another instead of connecting (a session per application run would otherwise cost a
-    connect and an accept each). Closed when its last session closes; no limit on connections (a
-    session's long-polling gets each hold one)."""
+    connect and an accept each). No limit on connections (a session's long-polling gets each hold
+    one). When the loop's last session closes they linger while they would be kept alive anyway
+    (`_KEEPALIVE_S`), so the next one-request `arun` of a stream of them reuses one too (a connect
+    and an accept cost the client and the manager ~1 ms of CPU a run, `benchmarks.manager_path`);
+    then they close, or when the loop ends: `asyncio.run` cancels the lingering task, which closes
+    them, and a loop stopped without that (a sync `Session`'s) calls `end_of_loop` first."""
 
     _lock: ClassVar[threading.Lock] = threading.Lock()  # sync Sessions run their loops on threads of their own
     _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Connections]] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         # kept alive for less than the 5 s uvicorn keeps an idle connection: never sent on one it closed
-        self.connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+        self.connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S)
         self.num_users = 0
+        self.idle_since = 0.0  # the loop's time when the last session closed
+        self.linger: asyncio.Task[None] | None = None
         # base URL -> the environment's proxy for it, read once while sessions share these
         # connections (0.3 ms of CPU a read: a one-request `arun` would pay it on every call)
         self.proxies: dict[str, str | None] = {}
@@ -96,10 +104,43 @@ class _Connections:
             shared = cls._by_loop.get(loop)
             if shared is not None and shared.connector is connector:
                 shared.num_users -= 1
-                if shared.num_users:
-                    return
-                del cls._by_loop[loop]
-        await connector.close()
+                if shared.num_users == 0:
+                    shared.idle_since = loop.time()
+                    if shared.linger is None:
+                        shared.linger = loop.create_task(shared._expire(loop))
+                return
+        await connector.close()  # not the loop's (it ended its linger already)
+
+    async def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections once unused for `_KEEPALIVE_S` (or when cancelled at the loop's
+        end); a session that takes them meanwhile ends the wait and keeps them."""
+        try:
+            while self.num_users == 0 and (wait := self.idle_since + _KEEPALIVE_S - loop.time()) > 0:
+                await asyncio.sleep(wait)
+        finally:
+            with _Connections._lock:
+                self.linger = None
+                expired = self.num_users == 0 and _Connections._by_loop.get(loop) is self
+                if expired:
+                    del _Connections._by_loop[loop]
+            if expired:
+                await self.connector.close()
+
+    @classmethod
+    async def end_of_loop(cls) -> None:
+        """Close the running loop's lingering connections now: it is about to stop without
+        cancelling its tasks (a sync `Session`'s own loop)."""
+        shared = cls._by_loop.get(asyncio.get_running_loop())
+        linger = shared.linger if shared is not None else None
+        if linger is not None:
+            linger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await linger
+
+
+async def end_of_loop() -> None:
+    """Before stopping an event loop without cancelling its tasks: close its idle connections."""
+    await _Connections.end_of_loop()
 
 
 class ApiTransport:
