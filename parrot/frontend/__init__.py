@@ -8,6 +8,7 @@ from parrot.frontend.inputs import Input
 from parrot.frontend.native import NativeFunction, native_function
 from parrot.frontend.outputs import Output, select
 from parrot.frontend.session import AsyncSession, Session
+from parrot.frontend.transport import end_of_loop
 from parrot.frontend.variable import SemanticVariable
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
@@ -24,6 +25,7 @@ __all__ = [
     "SemanticFunction",
     "SemanticVariable",
     "Session",
+    "end_of_loop",
     "native_function",
     "select",
     "semantic_function",

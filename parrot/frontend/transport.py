@@ -13,7 +13,6 @@ dropped connection, or a 5xx from something else (a proxy), it may have arrived:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import urllib.request
@@ -46,6 +45,7 @@ _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_BACKOFF_S = 10.0
 _CONNECT_TIMEOUT_S = 10.0
 _KEEPALIVE_S = 4.0  # an idle connection's life in the client (uvicorn keeps one 5 s)
+_LINGER = "parrot-connections-linger"  # the name of the task that closes them
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,15 @@ class _Connections:
     connect and an accept each). No limit on connections (a session's long-polling gets each hold
     one). When the loop's last session closes they linger while they would be kept alive anyway
     (`_KEEPALIVE_S`), so the next one-request `arun` of a stream of them reuses one too (a connect
-    and an accept cost the client and the manager ~1 ms of CPU a run, `benchmarks.manager_path`);
-    then they close, or when the loop ends: `asyncio.run` cancels the lingering task, which closes
-    them, and a loop stopped without that (a sync `Session`'s) calls `end_of_loop` first."""
+    and an accept cost the client and the manager ~1 ms of CPU a run); then they close. At the
+    loop's end: `asyncio.run` cancels the lingering task, which closes them; a session closed by a
+    task being cancelled (asyncio.run ending with sessions open) does not linger; a loop stopped
+    without cancelling its tasks (a sync `Session`'s, or one a caller runs and closes) calls
+    `end_of_loop` first; a loop closed without it is found closed by the next `acquire`, and its
+    connections are dropped then."""
 
     _lock: ClassVar[threading.Lock] = threading.Lock()  # sync Sessions run their loops on threads of their own
+    # Keyed weakly, but each entry holds its loop (the connector's): an entry goes only when removed.
     _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Connections]] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
@@ -89,6 +93,14 @@ class _Connections:
         """The loop's shared connector, and the proxy the environment names for `base_url`."""
         loop = asyncio.get_running_loop()
         with cls._lock:
+            for dead in [other for other in cls._by_loop if other.is_closed()]:
+                # Closed while its connections lingered (no end_of_loop): nothing can run on it;
+                # the connector lets go of its sockets, which close with their transports, and
+                # the linger task, which can never run again, goes without a "destroyed" warning.
+                gone = cls._by_loop.pop(dead)
+                gone.connector._close()
+                if gone.linger is not None:
+                    gone.linger._log_destroy_pending = False  # type: ignore[attr-defined]
             shared = cls._by_loop.get(loop)
             if shared is None or shared.connector.closed:
                 shared = cls._by_loop[loop] = _Connections()
@@ -100,16 +112,23 @@ class _Connections:
     @classmethod
     async def release(cls, connector: aiohttp.TCPConnector) -> None:
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        ending = task is not None and task.cancelling() > 0  # asyncio.run's end, Ctrl-C: no lingering
         with cls._lock:
             shared = cls._by_loop.get(loop)
             if shared is not None and shared.connector is connector:
                 shared.num_users -= 1
-                if shared.num_users == 0:
+                if shared.num_users:
+                    return
+                if not ending:
                     shared.idle_since = loop.time()
                     if shared.linger is None:
-                        shared.linger = loop.create_task(shared._expire(loop))
-                return
-        await connector.close()  # not the loop's (it ended its linger already)
+                        shared.linger = loop.create_task(shared._expire(loop), name=_LINGER)
+                    return
+                del cls._by_loop[loop]
+                if shared.linger is not None:
+                    shared.linger.cancel()  # it finds the entry gone: closes nothing
+        await connector.close()
 
     async def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         """Close the connections once unused for `_KEEPALIVE_S` (or when cancelled at the loop's
@@ -128,18 +147,26 @@ class _Connections:
 
     @classmethod
     async def end_of_loop(cls) -> None:
-        """Close the running loop's lingering connections now: it is about to stop without
-        cancelling its tasks (a sync `Session`'s own loop)."""
-        shared = cls._by_loop.get(asyncio.get_running_loop())
-        linger = shared.linger if shared is not None else None
-        if linger is not None:
-            linger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await linger
+        """Close the running loop's idle connections and end its lingering tasks (one may not
+        have started, or may be closing), before the loop stops without cancelling its tasks."""
+        loop = asyncio.get_running_loop()
+        with cls._lock:
+            shared = cls._by_loop.get(loop)
+            if shared is not None and shared.num_users == 0:
+                del cls._by_loop[loop]
+            else:
+                shared = None  # none, or in use: its sessions close it
+        lingering = [t for t in asyncio.all_tasks(loop) if t.get_name() == _LINGER]
+        for t in lingering:
+            t.cancel()
+        await asyncio.gather(*lingering, return_exceptions=True)
+        if shared is not None:
+            await shared.connector.close()
 
 
 async def end_of_loop() -> None:
-    """Before stopping an event loop without cancelling its tasks: close its idle connections."""
+    """Close the running loop's idle connections: the last step of a loop that is stopped or
+    closed without cancelling its tasks (`asyncio.run` needs none of this: it cancels them)."""
     await _Connections.end_of_loop()
 
 
