@@ -20,19 +20,9 @@ from parrot.frontend import end_of_loop
 from parrot.frontend import transport as transport_module
 from parrot.frontend.transport import ApiTransport
 from parrot.web.server_thread import ServerThread
+from tests.frontend.test_transport_retries import STATUS  # a session's status body
 
 Connections = transport_module._Connections
-STATUS = {
-    "session_id": "s-1",
-    "num_variables": 0,
-    "num_calls": 0,
-    "num_calls_waiting": 0,
-    "num_calls_running": 0,
-    "num_calls_done": 0,
-    "num_calls_failed": 0,
-    "idle_timeout_s": 60.0,
-    "idle_s": 0.0,
-}
 
 
 def port_recorder() -> tuple[FastAPI, list[int]]:
