@@ -69,5 +69,11 @@ def end_generations(rows: list[RowOutput], contexts: ContextTable, scheduler: Sc
         if row.cut_text is not None:
             cut_to_text(job, contexts, contexts.get(job.context_id), row.cut_text)
         scheduler.finish(job)
+        ctx = contexts.get(job.context_id)
+        if ctx.num_computed >= len(ctx.tokens) > 0:
+            # EOS (not appended) was sampled from the last token's logits: that token is left
+            # uncomputed again, as every request leaves it, so a Generate or a fork's Generate
+            # right after this one computes it and samples (it found nothing to compute: a hang).
+            contexts.uncompute_last(ctx)
         assert row.event is not None
         row.event = row.event.model_copy(update={"output_token_ids": list(job.output_token_ids)})

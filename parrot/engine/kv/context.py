@@ -131,6 +131,12 @@ class ContextTable:
         self.pool.decref(ctx.block_table[keep:])
         del ctx.block_table[keep:]
 
+    def uncompute_last(self, ctx: Context) -> None:
+        """Mark the context's last token as not computed (its KV slot is written again when it is)."""
+        last = ctx.tokens[-1]
+        self.truncate(ctx, len(ctx.tokens) - 1)
+        ctx.tokens.append(last)
+
     def check_live(self, context_id: str, parent_id: str | None) -> None:
         """A context being freed takes no new work: 404, as if it were gone already."""
         if context_id in self.releasing:
