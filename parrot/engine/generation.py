@@ -1,7 +1,8 @@
 """What a sampled token does to its generation and its context: the engine core's half (lock held).
 
 `append_token` counts the token, appends it to the context and the output (EOS is not appended:
-a later Fill continues the text itself) and names the finish the token alone decides (EOS, a stop
+a later Fill continues the text itself; `end_generations` then leaves the context's last token
+uncomputed, as every request leaves it) and names the finish the token alone decides (EOS, a stop
 token, max_tokens, the model's length). The text half (detokenizing, stop strings, the event) runs
 outside the lock in `output.py`; a stop string found there is cut out of the context under the lock
 again (`cut_to_text`), before the generation ends. Pure bookkeeping on a job and its context, no

@@ -145,29 +145,24 @@ class _Connections:
             if expired:
                 await self.connector.close()
 
-    @classmethod
-    async def end_of_loop(cls) -> None:
-        """Close the running loop's idle connections and end its lingering tasks (one may not
-        have started, or may be closing), before the loop stops without cancelling its tasks."""
-        loop = asyncio.get_running_loop()
-        with cls._lock:
-            shared = cls._by_loop.get(loop)
-            if shared is not None and shared.num_users == 0:
-                del cls._by_loop[loop]
-            else:
-                shared = None  # none, or in use: its sessions close it
-        lingering = [t for t in asyncio.all_tasks(loop) if t.get_name() == _LINGER]
-        for t in lingering:
-            t.cancel()
-        await asyncio.gather(*lingering, return_exceptions=True)
-        if shared is not None:
-            await shared.connector.close()
-
 
 async def end_of_loop() -> None:
-    """Close the running loop's idle connections: the last step of a loop that is stopped or
-    closed without cancelling its tasks (`asyncio.run` needs none of this: it cancels them)."""
-    await _Connections.end_of_loop()
+    """Close the running loop's idle connections and end its lingering tasks (one may not have
+    started, or may be closing): the last step of a loop that is stopped or closed without
+    cancelling its tasks (`asyncio.run` needs none of this: it cancels them)."""
+    loop = asyncio.get_running_loop()
+    with _Connections._lock:
+        shared = _Connections._by_loop.get(loop)
+        if shared is not None and shared.num_users == 0:
+            del _Connections._by_loop[loop]
+        else:
+            shared = None  # none, or in use: its sessions close it
+    lingering = [t for t in asyncio.all_tasks(loop) if t.get_name() == _LINGER]
+    for t in lingering:
+        t.cancel()
+    await asyncio.gather(*lingering, return_exceptions=True)
+    if shared is not None:
+        await shared.connector.close()
 
 
 class ApiTransport:
