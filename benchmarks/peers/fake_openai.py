@@ -42,6 +42,7 @@ class FakeOpenAI:
         self.token_id = self.tokenizer.encode(" ok")[0]
         self.bodies: list[dict[str, Any]] = []
         self.num_running = 0
+        self.num_model_reads = 0  # GET /v1/models: the adapter's model card, then its heartbeats
 
     def prompt_tokens(self, body: dict[str, Any]) -> list[int]:
         """The prompt a request sent, as tokens (a text prompt tokenized as the server would)."""
@@ -53,6 +54,7 @@ class FakeOpenAI:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
+            self.num_model_reads += 1
             return {"data": [{"id": self.model, "max_model_len": 4096, "root": str(self.folder)}]}
 
         @app.post("/v1/completions")

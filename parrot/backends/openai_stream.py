@@ -6,6 +6,8 @@ streamed, prompt tokens it computed or had cached, running generations, and the 
 stream's tokens (its recent mean, and the profile by concurrency that the manager calibrates its
 latency cap from: tpot_profile.py). A request's `priority` that the upstream refuses (vLLM without
 `--scheduling-policy priority`) is dropped and the request sent again; no priority is sent after.
+`heard_at` is when the upstream last streamed a token (a stream in progress is proof of life, as
+a heartbeat's answer is); a transport error forgets it.
 
 Owned by one asyncio event loop (the adapter's); the counters may be read from another thread.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -54,6 +57,7 @@ class UpstreamStreams:
         self.num_reused_tokens = 0  # the upstream's cached prompt tokens, as its usage reports them
         self.tpot_ms = 0.0
         self.profile = TpotProfile()  # the upstream's decode step by concurrent generations
+        self.heard_at = -math.inf  # time.perf_counter() of the last streamed token
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -104,6 +108,7 @@ class UpstreamStreams:
                         started = True
                         yield event
         except TRANSPORT_ERRORS as e:
+            self.heard_at = -math.inf
             raise self._http.unavailable(e) from e
         num_computed, num_cached = prompt_usage(usage, prompt_len)
         self.num_prefill_tokens += num_computed
@@ -122,6 +127,7 @@ class UpstreamStreams:
             ms = gap_ms / num_tokens
             self.tpot_ms = ms if self.tpot_ms == 0 else 0.8 * self.tpot_ms + 0.2 * ms
         self.num_decode_tokens += num_tokens
+        self.heard_at = now
         return now
 
     @contextlib.asynccontextmanager
@@ -155,6 +161,7 @@ class UpstreamStreams:
             async with self._http.session().get(f"{self.base_url}{path}") as resp:
                 text = (await resp.read()).decode(errors="replace")
         except TRANSPORT_ERRORS as e:
+            self.heard_at = -math.inf
             raise self._http.unavailable(e) from e
         if resp.status >= 400:
             raise upstream_error(self.base_url, resp.status, text)

@@ -1,7 +1,8 @@
 """What Parrot sends an upstream through the OpenAI adapter, against a fake vLLM (fake_openai.py):
 no more prompt tokens than plain requests for the same app; each call's objective and priority as
-vLLM's request `priority` (dropped, once, by an upstream that refuses it); and a step profile
-learned from the time per output token, from which the manager calibrates its latency cap."""
+vLLM's request `priority` (dropped, once, by an upstream that refuses it); a step profile
+learned from the time per output token, from which the manager calibrates its latency cap; and no
+heartbeat request while tokens stream."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from live_server import serve_app
 
 from benchmarks.peers.fake_openai import FakeOpenAI
 from parrot.backends.openai_dialect import upstream_priority
-from parrot.backends.openai_engine import UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
+from parrot.backends.openai_engine import HEARD_S, UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
 from parrot.frontend import AsyncSession, SemanticFunction
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
 from parrot.protocol.objective import Criteria, Objective
@@ -250,3 +251,28 @@ def test_an_sdk_get_reaches_the_server_with_its_batch(tiny_model_folder: Path) -
             fake.bodies.clear()
             assert asyncio.run(app(parrot_url)) == " ok" * 4
             assert sorted(b.get("priority", 0) for b in fake.bodies) == [-1, 2000, 2000, 2000]
+
+
+def test_a_token_streamed_within_heard_s_stands_for_the_heartbeats_request(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder, step_ms=40.0)  # 12 tokens: ~0.5 s of streaming
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    async def main(url: str) -> None:
+        client = OpenAIEngineClient(url, tokenizer_folder=tiny_model_folder)
+        await client.stats()  # the model card
+        await client.stats()  # nothing streamed yet: a heartbeat request
+        assert fake.num_model_reads == 2
+        await client.fill(FillRequest(context_id="c", token_ids=[5, 6, 7]))
+        events = client.generate(GenerateRequest(context_id="c", sampling=sampling))
+        await anext(events)  # a token came: the upstream is alive
+        for _ in range(5):
+            assert (await client.stats()).num_running == 1
+        rest = [e async for e in events]
+        assert [len(rest), fake.num_model_reads] == [11, 2]
+        await asyncio.sleep(HEARD_S)  # quiet for HEARD_S: the heartbeat asks again
+        await client.stats()
+        assert fake.num_model_reads == 3
+        await client.aclose()
+
+    with serve_app(fake.app()) as (url, _):
+        asyncio.run(main(url))
