@@ -1,0 +1,75 @@
+"""The paired reading of benchmark runs (benchmarks/paired.py) on hand-built results: exact figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.paired import collect, render, sign_test_p
+
+LATENCY = {"key": "lat", "label": "latency", "unit": "ms", "lower_is_better": True}
+RATE = {"key": "rate", "label": "rate", "unit": "req/s", "lower_is_better": False}
+
+
+def record(config: str, repeat: int, lat: float, rate: float, itl: float | None = None, **kw: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {"scenario": "s", "config": config, "repeat": repeat, "metrics": {"lat": lat, "rate": rate}}
+    if itl is not None:
+        r["vllm_timings_ms"] = {"itl_ms": itl}
+    return r | kw
+
+
+def results(*records: dict[str, Any]) -> dict[str, Any]:
+    scenario = {"key": "s", "label": "S", "workload": "w", "metrics": [LATENCY, RATE]}
+    return {"scenarios": [scenario], "records": list(records)}
+
+
+def test_the_sign_test_is_two_sided_and_exact() -> None:
+    assert [sign_test_p(0, 0), sign_test_p(3, 3), sign_test_p(0, 3)] == [1.0, 0.25, 0.25]
+    assert sign_test_p(1, 9) == pytest.approx(2 * 10 / 512)
+    assert sign_test_p(5, 10) == 1.0
+
+
+def test_repeats_pair_up_by_scenario_and_repeat_and_pool_over_files() -> None:
+    first = results(
+        record("d", 0, 100.0, 4.0, itl=50.0),
+        record("p", 0, 110.0, 5.0, itl=55.0),
+        record("d", 1, 90.0, 4.0),
+        record("p", 1, 90.0, 2.0),
+        record("p", 2, 80.0, 2.0),  # no baseline in this repeat: no pair
+        record("d", 3, 80.0, 2.0),
+        record("p", 3, 1.0, 9.0, error="checks failed"),  # failed: no pair
+    )
+    second = results(record("p", 0, 50.0, 1.0, itl=40.0), record("d", 0, 60.0, 1.0, itl=40.0))
+    pairs = collect([first, second], "d", "p", None)
+    lat, rate = pairs["S / latency"], pairs["S / rate"]
+    # Times: baseline / other (above 1: the other is faster); rates: other / baseline.
+    assert lat.ratios == pytest.approx([100 / 110, 1.0, 60 / 50])
+    assert rate.ratios == pytest.approx([5 / 4, 2 / 4, 1.0])
+    assert lat.itl_ratios == pytest.approx([50 / 55, None, 1.0])
+    assert collect([first], "d", "p", ["other"]) == {}
+
+
+def test_the_table_shows_median_range_wins_and_what_vllms_own_decode_explains() -> None:
+    pairs = collect(
+        [results(record("d", 0, 100.0, 1.0, itl=50.0), record("p", 0, 110.0, 1.0, itl=55.0))], "d", "p", None
+    )
+    lines = render(pairs, "d", "p").splitlines()
+    assert lines[0] == "| scenario: metric | pairs | d/p median (range) | won or tied | sign test p | vLLM ITL | rest |"
+    # vLLM's own time per token explains the whole difference: the rest is 1.0.
+    assert lines[2] == "| S: latency (ms) | 1 | 0.909x (0.909-0.909) | 0 of 1 | 1.00 | 0.909x | 1.000x |"
+    assert lines[3] == "| S: rate (req/s) | 1 | 1.000x (1.000-1.000) | 1 of 1 | 1.00 | 0.909x | 1.100x |"
+
+
+def test_the_command_reads_results_files_and_refuses_runs_without_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results(record("d", 0, 100.0, 1.0), record("p", 0, 50.0, 1.0))))
+    cmd = [sys.executable, "-m", "benchmarks.paired", str(path), "--config", "p"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 of 1 | 1.00 | — | — |" in done.stdout
+    refused = subprocess.run([*cmd[:-1], "other"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "no repeat ran both d and other" in refused.stderr
