@@ -18,7 +18,9 @@ runs; on a machine whose cores the engine saturates, that is the CPU the other p
     python -m benchmarks.paired bench_results/apps_avx512_s26/results.json [more results.json ...] \\
         [--baseline d] [--config parrot_vllm] [--only gpts mixed]
 
-Runs of several files are pooled (the same scenario key in each).
+Runs of several files are pooled (the same scenario key in each). `benchmarks.run` writes this
+table for its own run as `paired.md` (for each pair of configurations on the same engine it ran,
+report.SAME_ENGINE_PAIRS: (d) against Parrot+vLLM).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.report import SAME_ENGINE_PAIRS
 
 
 @dataclass
@@ -101,6 +105,17 @@ def render(pairs: dict[str, Pairs], baseline: str, config: str) -> str:
             ]
         )
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def write_paired(results: dict[str, Any], out: Path) -> None:
+    """`paired.md` in `out`: the table of each same-engine pair of configurations the run has."""
+    tables = []
+    for baseline, config in SAME_ENGINE_PAIRS:
+        pairs = collect([results], baseline, config, None)
+        if pairs:
+            tables.append(f"## {baseline} against {config}, repeat by repeat\n\n{render(pairs, baseline, config)}\n")
+    if tables:
+        (out / "paired.md").write_text("\n".join(tables))
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ from benchmarks.deploy import (
 )
 from benchmarks.machine import machine_info
 from benchmarks.netsim import RttModel
+from benchmarks.paired import write_paired
 from benchmarks.report import derive, merge_into, write_report
 from benchmarks.run_cost import RunCost
 from benchmarks.scaling import SCALES, Scale, load_paper_workloads
@@ -381,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         merge_into(results, json.loads((args.out / "results.json").read_text()))
     results["derived"] = derive(results)
     write_report(results, args.out)
+    write_paired(results, args.out)  # a same-engine pair's repeats, ratio by ratio
     errors = [r for r in records if "error" in r]
     print((args.out / "results.md").read_text())
     print(f"wrote {args.out}/results.json, results.md and plots in {results['wall_s'] / 60:.1f} min")

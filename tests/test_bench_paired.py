@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.paired import collect, render, sign_test_p
+from benchmarks.paired import collect, render, sign_test_p, write_paired
 
 LATENCY = {"key": "lat", "label": "latency", "unit": "ms", "lower_is_better": True}
 RATE = {"key": "rate", "label": "rate", "unit": "req/s", "lower_is_better": False}
@@ -73,3 +73,13 @@ def test_the_command_reads_results_files_and_refuses_runs_without_pairs(tmp_path
     assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 of 1 | 1.00 | — | — |" in done.stdout
     refused = subprocess.run([*cmd[:-1], "other"], capture_output=True, text=True)
     assert refused.returncode == 2 and "no repeat ran both d and other" in refused.stderr
+
+
+def test_a_run_writes_its_same_engine_pairs_and_nothing_without_them(tmp_path: Path) -> None:
+    run = results(record("d", 0, 100.0, 1.0), record("parrot_vllm", 0, 50.0, 1.0), record("parrot", 0, 40.0, 1.0))
+    write_paired(run, tmp_path)
+    text = (tmp_path / "paired.md").read_text()
+    assert text.startswith("## d against parrot_vllm, repeat by repeat\n\n| scenario: metric |")
+    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 of 1 | 1.00 | — | — |" in text
+    write_paired(results(record("parrot", 0, 40.0, 1.0)), tmp_path / "none")
+    assert not (tmp_path / "none").exists()
