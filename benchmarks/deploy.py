@@ -150,7 +150,8 @@ class UpstreamServer(ManagerServer):
 
     kv_reported = False
     # Sampled 20 times a second, the adapter's stats cost this process (the manager's, which
-    # shares the cores with vLLM) 0.35% of a core that (d)'s plain client does not pay.
+    # shares the cores with vLLM) 0.35% of a core that (d)'s plain client does not pay. Its "peak
+    # running" is then a 4 Hz sample (since the twenty-seventh session): a shorter peak can be missed.
     monitor_interval_s = 0.25
 
     def __init__(self, spec: UpstreamSpec) -> None:

@@ -4,9 +4,10 @@ The report's table divides medians; on a shared 2-core machine a scenario's figu
 between adjacent runs of the same code, so a ratio of medians within a few percent of 1.0 says
 little. Here each repeat of a scenario is a pair (the two configurations ran back to back,
 `benchmarks.run` alternates them), and for each metric this prints: the number of pairs, the
-median ratio (baseline / other for times, as the report), the range, how many pairs the other
-configuration won or tied, and the two-sided sign test's p-value of that count (how surprising it
-would be if neither configuration were faster).
+median ratio (baseline / other for times, other / baseline for rates, as the report), the range,
+how many pairs the other configuration won, tied and lost, and the two-sided sign test's p-value
+of the wins against the losses, ties left out (how surprising the split would be if neither
+configuration were faster).
 
 Where both configurations ran on real vLLM, the pair's vLLM timings (its own inter-token latency,
 read from its /metrics by benchmarks/run_cost.py) tell where a difference comes from: `vLLM ITL`
@@ -72,7 +73,7 @@ def collect(results: list[dict[str, Any]], baseline: str, config: str, only: lis
             if only and s.get("workload") not in only and s["key"] not in only:
                 continue
             for m in s["metrics"]:
-                key = f"{s['label']} / {m['label']}"
+                key = f"{s['key']} / {m['key']}"
                 pairs = out.setdefault(key, Pairs(f"{s['label']}: {m['label']} ({m['unit']})"))
                 for (scenario, _), both in sorted(by_repeat.items(), key=lambda kv: kv[0]):
                     if scenario != s["key"] or len(both) < 2:
@@ -87,19 +88,20 @@ def collect(results: list[dict[str, Any]], baseline: str, config: str, only: lis
 
 
 def render(pairs: dict[str, Pairs], baseline: str, config: str) -> str:
-    head = ["scenario: metric", "pairs", f"{baseline}/{config} median (range)", "won or tied", "sign test p"]
-    head += ["vLLM ITL", "rest"]
+    """The table; ratios above 1.0 mean `config` did better (see the module docstring)."""
+    head = ["scenario: metric", "pairs", f"{baseline} vs {config}: median ratio (range)", "won / tied / lost"]
+    head += ["sign test p", "vLLM ITL", "rest"]
     rows = [head, ["---"] * len(head)]
     for p in pairs.values():
-        n, wins = len(p.ratios), sum(r >= 1.0 for r in p.ratios)
+        n, wins, losses = len(p.ratios), sum(r > 1.0 for r in p.ratios), sum(r < 1.0 for r in p.ratios)
         itl = [(r, i) for r, i in zip(p.ratios, p.itl_ratios, strict=True) if i is not None]
         rows.append(
             [
                 p.label,
                 str(n),
                 f"{statistics.median(p.ratios):.3f}x ({min(p.ratios):.3f}-{max(p.ratios):.3f})",
-                f"{wins} of {n}",
-                f"{sign_test_p(wins, n):.2f}",
+                f"{wins} / {n - wins - losses} / {losses}",
+                f"{sign_test_p(wins, wins + losses):.2g}",
                 f"{statistics.median(i for _, i in itl):.3f}x" if itl else "—",
                 f"{statistics.median(r / i for r, i in itl):.3f}x" if itl else "—",
             ]
@@ -114,8 +116,11 @@ def write_paired(results: dict[str, Any], out: Path) -> None:
         pairs = collect([results], baseline, config, None)
         if pairs:
             tables.append(f"## {baseline} against {config}, repeat by repeat\n\n{render(pairs, baseline, config)}\n")
+    path = out / "paired.md"
     if tables:
-        (out / "paired.md").write_text("\n".join(tables))
+        path.write_text("\n".join(tables))
+    else:
+        path.unlink(missing_ok=True)  # not an earlier run's table beside this run's results
 
 
 def main() -> None:

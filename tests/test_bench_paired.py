@@ -46,7 +46,7 @@ def test_repeats_pair_up_by_scenario_and_repeat_and_pool_over_files() -> None:
     )
     second = results(record("p", 0, 50.0, 1.0, itl=40.0), record("d", 0, 60.0, 1.0, itl=40.0))
     pairs = collect([first, second], "d", "p", None)
-    lat, rate = pairs["S / latency"], pairs["S / rate"]
+    lat, rate = pairs["s / lat"], pairs["s / rate"]
     # Times: baseline / other (above 1: the other is faster); rates: other / baseline.
     assert lat.ratios == pytest.approx([100 / 110, 1.0, 60 / 50])
     assert rate.ratios == pytest.approx([5 / 4, 2 / 4, 1.0])
@@ -59,10 +59,12 @@ def test_the_table_shows_median_range_wins_and_what_vllms_own_decode_explains() 
         [results(record("d", 0, 100.0, 1.0, itl=50.0), record("p", 0, 110.0, 1.0, itl=55.0))], "d", "p", None
     )
     lines = render(pairs, "d", "p").splitlines()
-    assert lines[0] == "| scenario: metric | pairs | d/p median (range) | won or tied | sign test p | vLLM ITL | rest |"
-    # vLLM's own time per token explains the whole difference: the rest is 1.0.
-    assert lines[2] == "| S: latency (ms) | 1 | 0.909x (0.909-0.909) | 0 of 1 | 1.00 | 0.909x | 1.000x |"
-    assert lines[3] == "| S: rate (req/s) | 1 | 1.000x (1.000-1.000) | 1 of 1 | 1.00 | 0.909x | 1.100x |"
+    head = "| scenario: metric | pairs | d vs p: median ratio (range) | won / tied / lost | sign test p |"
+    assert lines[0] == head + " vLLM ITL | rest |"
+    # vLLM's own time per token explains the whole difference: the rest is 1.0. A tie is left out
+    # of the sign test (no pair won or lost: p = 1).
+    assert lines[2] == "| S: latency (ms) | 1 | 0.909x (0.909-0.909) | 0 / 0 / 1 | 1 | 0.909x | 1.000x |"
+    assert lines[3] == "| S: rate (req/s) | 1 | 1.000x (1.000-1.000) | 0 / 1 / 0 | 1 | 0.909x | 1.100x |"
 
 
 def test_the_command_reads_results_files_and_refuses_runs_without_pairs(tmp_path: Path) -> None:
@@ -70,7 +72,7 @@ def test_the_command_reads_results_files_and_refuses_runs_without_pairs(tmp_path
     path.write_text(json.dumps(results(record("d", 0, 100.0, 1.0), record("p", 0, 50.0, 1.0))))
     cmd = [sys.executable, "-m", "benchmarks.paired", str(path), "--config", "p"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 of 1 | 1.00 | — | — |" in done.stdout
+    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 / 0 / 0 | 1 | — | — |" in done.stdout
     refused = subprocess.run([*cmd[:-1], "other"], capture_output=True, text=True)
     assert refused.returncode == 2 and "no repeat ran both d and other" in refused.stderr
 
@@ -80,6 +82,6 @@ def test_a_run_writes_its_same_engine_pairs_and_nothing_without_them(tmp_path: P
     write_paired(run, tmp_path)
     text = (tmp_path / "paired.md").read_text()
     assert text.startswith("## d against parrot_vllm, repeat by repeat\n\n| scenario: metric |")
-    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 of 1 | 1.00 | — | — |" in text
-    write_paired(results(record("parrot", 0, 40.0, 1.0)), tmp_path / "none")
-    assert not (tmp_path / "none").exists()
+    assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 / 0 / 0 | 1 | — | — |" in text
+    write_paired(results(record("parrot", 0, 40.0, 1.0)), tmp_path)  # no pair: no table, not the old one
+    assert not (tmp_path / "paired.md").exists()

@@ -92,19 +92,22 @@ class FakeOpenAI:
         task.add_done_callback(lambda _: queue.put_nowait(None))
         text = self.tokenizer.decode([self.token_id])
         interval, num_held = body.get("stream_interval", 1), 0  # vLLM's: tokens per chunk
-        while (i := await queue.get()) is not None:
-            finish = "length" if i == body["max_tokens"] - 1 else None
-            num_held += 1
-            if num_held < interval and finish is None:
-                continue
-            choice = {"index": 0, "text": text * num_held, "logprobs": None, "finish_reason": finish}
-            if body.get("return_token_ids"):  # vLLM's ids without logprobs
-                choice["token_ids"] = [self.token_id] * num_held
-            else:
-                ids = [f"token_id:{self.token_id}"] * num_held
-                choice["logprobs"] = {"tokens": ids, "token_logprobs": [-0.1] * num_held}
-            num_held = 0
-            yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+        try:
+            while (i := await queue.get()) is not None:
+                finish = "length" if i == body["max_tokens"] - 1 else None
+                num_held += 1
+                if num_held < interval and finish is None:
+                    continue
+                choice = {"index": 0, "text": text * num_held, "logprobs": None, "finish_reason": finish}
+                if body.get("return_token_ids"):  # vLLM's ids without logprobs
+                    choice["token_ids"] = [self.token_id] * num_held
+                else:
+                    ids = [f"token_id:{self.token_id}"] * num_held
+                    choice["logprobs"] = {"tokens": ids, "token_logprobs": [-0.1] * num_held}
+                num_held = 0
+                yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+        finally:
+            task.cancel()  # a client that left: the generation stops, as vLLM aborts it
         yield f"data: {json.dumps({'choices': [], 'usage': self._usage(body)})}\n\n"
         yield "data: [DONE]\n\n"
 

@@ -42,9 +42,10 @@ output token each stream shows at each number of concurrent generations (tpot_pr
 manager calibrates its latency cap for the upstream as for a builtin engine: from measurements,
 not a fixed number. `stats()` asks the upstream for its models, so the manager's heartbeats find
 a dead upstream (an unreachable one raises EngineUnavailable), unless a stream brought a token
-within the last `HEARD_S`: that is as good a sign of life, and under load the heartbeat's request
-would only take CPU from the upstream's cores (0.9 ms here and ~0.7 ms in vLLM's API server, twice
-a second at the manager's default interval).
+within the last `HEARD_S` and nothing failed to reach the upstream since its last answered GET:
+that is as good a sign of life, and under load the heartbeat's request would only take CPU from
+the upstream's cores (0.9 ms here and ~0.7 ms in vLLM's API server, twice a second at the
+manager's default interval).
 
 Owned by one asyncio event loop (the manager's): no locks. `snapshot()` may be read from another
 thread (benchmarks): it reads counters only.
@@ -181,10 +182,11 @@ class OpenAIEngineClient:
 
     async def stats(self) -> EngineStats:
         """Checks that the upstream answers (a heartbeat; a token streamed within `HEARD_S` is
-        one), then the adapter's own counters."""
+        one, unless a request failed to reach it since it last answered), then the adapter's own
+        counters."""
         if self._info is None:
             await self.info()
-        elif time.perf_counter() - self._upstream.heard_at >= HEARD_S:
+        elif self._upstream.doubted or time.perf_counter() - self._upstream.heard_at >= HEARD_S:
             await self._upstream.get("/v1/models")
         return self.snapshot()
 

@@ -7,7 +7,9 @@ stream's tokens (its recent mean, and the profile by concurrency that the manage
 latency cap from: tpot_profile.py). A request's `priority` that the upstream refuses (vLLM without
 `--scheduling-policy priority`) is dropped and the request sent again; no priority is sent after.
 `heard_at` is when the upstream last streamed a token (a stream in progress is proof of life, as
-a heartbeat's answer is); a transport error forgets it.
+a heartbeat's answer is); `doubted` is set by a failure to reach it (a refused connection, a stream
+cut short) and cleared only by an answered GET: an upstream that refuses new requests while its
+open streams run on (a server shutting down) is not alive for the tokens those streams bring.
 
 Owned by one asyncio event loop (the adapter's); the counters may be read from another thread.
 """
@@ -58,6 +60,7 @@ class UpstreamStreams:
         self.tpot_ms = 0.0
         self.profile = TpotProfile()  # the upstream's decode step by concurrent generations
         self.heard_at = -math.inf  # time.perf_counter() of the last streamed token
+        self.doubted = False  # unreachable since the last answered GET
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -108,12 +111,13 @@ class UpstreamStreams:
                         started = True
                         yield event
         except TRANSPORT_ERRORS as e:
-            self.heard_at = -math.inf
+            self.doubted = True
             raise self._http.unavailable(e) from e
         num_computed, num_cached = prompt_usage(usage, prompt_len)
         self.num_prefill_tokens += num_computed
         self.num_reused_tokens += num_cached
         if finished is None:
+            self.doubted = True
             raise EngineUnavailable(f"the upstream {self.base_url} ended a stream without a finish reason")
         yield finished
 
@@ -161,8 +165,9 @@ class UpstreamStreams:
             async with self._http.session().get(f"{self.base_url}{path}") as resp:
                 text = (await resp.read()).decode(errors="replace")
         except TRANSPORT_ERRORS as e:
-            self.heard_at = -math.inf
+            self.doubted = True
             raise self._http.unavailable(e) from e
+        self.doubted = False
         if resp.status >= 400:
             raise upstream_error(self.base_url, resp.status, text)
         return json.loads(text)

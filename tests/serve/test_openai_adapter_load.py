@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 from live_server import serve_app
 
 from benchmarks.peers.fake_openai import FakeOpenAI
@@ -19,11 +20,13 @@ from parrot.backends.openai_dialect import upstream_priority
 from parrot.backends.openai_engine import HEARD_S, UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
 from parrot.frontend import AsyncSession, SemanticFunction
 from parrot.protocol.engine_api import FillRequest, GenerateRequest
+from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
 from parrot.serve.policy.capacity import calibrate_latency_cap
+from parrot.web.server_thread import ServerThread
 
 SMALL = SamplingParams(max_tokens=4, ignore_eos=True)
 GUIDE = "You are a careful assistant. Read the part below and write one short line about it, nothing else. " * 2
@@ -264,15 +267,43 @@ def test_a_token_streamed_within_heard_s_stands_for_the_heartbeats_request(tiny_
         assert fake.num_model_reads == 2
         await client.fill(FillRequest(context_id="c", token_ids=[5, 6, 7]))
         events = client.generate(GenerateRequest(context_id="c", sampling=sampling))
-        await anext(events)  # a token came: the upstream is alive
-        for _ in range(5):
-            assert (await client.stats()).num_running == 1
-        rest = [e async for e in events]
-        assert [len(rest), fake.num_model_reads] == [11, 2]
-        await asyncio.sleep(HEARD_S)  # quiet for HEARD_S: the heartbeat asks again
+        rest = []
+        async for event in events:  # each token (40 ms apart) is the upstream's sign of life
+            assert (await client.stats()).num_running == 1  # the stream closes after its last event
+            rest.append(event)
+        assert [len(rest), fake.num_model_reads] == [12, 2]
+        await asyncio.sleep(HEARD_S + 0.05)  # quiet for HEARD_S: the heartbeat asks again
         await client.stats()
         assert fake.num_model_reads == 3
         await client.aclose()
 
     with serve_app(fake.app()) as (url, _):
         asyncio.run(main(url))
+
+
+def test_an_upstream_refusing_new_requests_is_asked_though_its_open_stream_runs_on(tiny_model_folder: Path) -> None:
+    fake = FakeOpenAI(tiny_model_folder, step_ms=40.0)
+    server = ServerThread(fake.app(), graceful_shutdown_s=5, name="test-fake").start(timeout=60)
+
+    async def main() -> None:
+        client = OpenAIEngineClient(server.url, tokenizer_folder=tiny_model_folder)
+        await client.stats()
+        for context_id in ("long", "late"):
+            await client.fill(FillRequest(context_id=context_id, token_ids=[5, 6, 7]))
+        long = SamplingParams(max_tokens=60, ignore_eos=True)
+        events = client.generate(GenerateRequest(context_id="long", sampling=long))
+        await anext(events)
+        server.server.should_exit = True  # a graceful shutdown: no new request, the open stream runs on
+        await asyncio.sleep(0.3)  # uvicorn's main loop looks every 0.1 s
+        with pytest.raises(EngineUnavailable):
+            [_ async for _ in client.generate(GenerateRequest(context_id="late", sampling=SMALL))]
+        await anext(events)  # a token after the refusal: not a sign of life until the upstream answers
+        with pytest.raises(EngineUnavailable):
+            await client.stats()
+        await events.aclose()
+        await client.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.stop()
