@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import SAME_ENGINE_PAIRS
+from benchmarks.report import SAME_ENGINE_PAIRS, markdown, ratio
 
 
 @dataclass
@@ -56,34 +56,30 @@ def sign_test_p(wins: int, n: int) -> float:
 
 
 def _itl(record: dict[str, Any]) -> float | None:
-    timings = record.get("vllm_timings_ms") or {}
-    itl = timings.get("itl_ms")
-    return float(itl) if isinstance(itl, (int, float)) and itl > 0 else None
+    return (record.get("vllm_timings_ms") or {}).get("itl_ms")
 
 
 def collect(results: list[dict[str, Any]], baseline: str, config: str, only: list[str] | None) -> dict[str, Pairs]:
     """Pairs by "scenario / metric", pooled over `results` (records of the same repeat pair up)."""
     out: dict[str, Pairs] = {}
     for res in results:
-        by_repeat: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+        by_scenario: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}  # scenario -> repeat -> config
         for r in res["records"]:
             if "error" not in r and r["config"] in (baseline, config):
-                by_repeat.setdefault((r["scenario"], r.get("repeat", 0)), {})[r["config"]] = r
+                by_scenario.setdefault(r["scenario"], {}).setdefault(r.get("repeat", 0), {})[r["config"]] = r
         for s in res["scenarios"]:
             if only and s.get("workload") not in only and s["key"] not in only:
                 continue
             for m in s["metrics"]:
-                key = f"{s['key']} / {m['key']}"
-                pairs = out.setdefault(key, Pairs(f"{s['label']}: {m['label']} ({m['unit']})"))
-                for (scenario, _), both in sorted(by_repeat.items(), key=lambda kv: kv[0]):
-                    if scenario != s["key"] or len(both) < 2:
+                pairs = out.setdefault(f"{s['key']} / {m['key']}", Pairs(f"{s['label']}: {m['label']} ({m['unit']})"))
+                for _, both in sorted(by_scenario.get(s["key"], {}).items()):
+                    if len(both) < 2:
                         continue
                     b, c = both[baseline]["metrics"].get(m["key"]), both[config]["metrics"].get(m["key"])
-                    if not b or not c:
-                        continue
-                    pairs.ratios.append(b / c if m["lower_is_better"] else c / b)
-                    itl_b, itl_c = _itl(both[baseline]), _itl(both[config])
-                    pairs.itl_ratios.append(itl_b / itl_c if itl_b and itl_c else None)
+                    r = ratio(b, c, m["lower_is_better"])
+                    if r is not None:
+                        pairs.ratios.append(r)
+                        pairs.itl_ratios.append(ratio(_itl(both[baseline]), _itl(both[config])))
     return {k: v for k, v in out.items() if v.ratios}
 
 
@@ -106,7 +102,7 @@ def render(pairs: dict[str, Pairs], baseline: str, config: str) -> str:
                 f"{statistics.median(r / i for r, i in itl):.3f}x" if itl else "—",
             ]
         )
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return markdown(rows)
 
 
 def write_paired(results: dict[str, Any], out: Path) -> None:
@@ -115,7 +111,7 @@ def write_paired(results: dict[str, Any], out: Path) -> None:
     for baseline, config in SAME_ENGINE_PAIRS:
         pairs = collect([results], baseline, config, None)
         if pairs:
-            tables.append(f"## {baseline} against {config}, repeat by repeat\n\n{render(pairs, baseline, config)}\n")
+            tables.append(f"## {baseline} against {config}, repeat by repeat\n\n{render(pairs, baseline, config)}")
     path = out / "paired.md"
     if tables:
         path.write_text("\n".join(tables))
@@ -134,7 +130,7 @@ def main() -> None:
     pairs = collect(results, args.baseline, args.config, args.only)
     if not pairs:
         parser.error(f"no repeat ran both {args.baseline} and {args.config}")
-    print(render(pairs, args.baseline, args.config))
+    print(render(pairs, args.baseline, args.config), end="")
 
 
 if __name__ == "__main__":

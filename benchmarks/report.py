@@ -139,7 +139,7 @@ def render_table(results: dict[str, Any]) -> str:
     derived = results.get("derived", {})
     if derived.get("gpts_sustainable_rate"):
         rows.append(_sustainable_row(derived, configs, str(paper.get("gpts_serving", MISSING))))
-    return _markdown(rows)
+    return markdown(rows)
 
 
 def _sustainable_row(derived: dict[str, Any], configs: list[dict[str, Any]], paper: str) -> list[str]:
@@ -184,7 +184,7 @@ def render_ablations(results: dict[str, Any]) -> str:
                         fmt_ratio(ratio(off, parrot, m["lower_is_better"])),
                     ]
                 )
-    return _markdown(rows)
+    return markdown(rows)
 
 
 def render_profile(results: dict[str, Any]) -> str:
@@ -238,10 +238,10 @@ def render_profile(results: dict[str, Any]) -> str:
                 fmt(r.get("vllm_timings_ms", {}).get("e2e_ms"), 0),
             ]
         )
-    return _markdown(rows)
+    return markdown(rows)
 
 
-def _markdown(rows: list[list[str]]) -> str:
+def markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
 
 
