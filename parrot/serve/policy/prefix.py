@@ -17,13 +17,14 @@ and calls of different models never agree.
 
 from __future__ import annotations
 
-import hashlib
 from array import array
+from hashlib import blake2b
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 _GROUP = 16  # tokens per link of the hash chain
+_ITEM = 8  # bytes per token id in a link (int64)
 
 
 class PointKind(StrEnum):
@@ -39,32 +40,33 @@ class PrefixPoint:
     kind: PointKind
 
 
-def _digest(prev: bytes, token_ids: Sequence[int], tail: bool) -> bytes:
-    h = hashlib.blake2b(prev, digest_size=16)
-    h.update(array("q", token_ids).tobytes())
-    if tail:
-        h.update(len(token_ids).to_bytes(2, "little"))
-    return h.digest()
-
-
 def prefix_points(
     model: str, token_ids: Sequence[int], boundaries: Sequence[tuple[int, PointKind]]
 ) -> tuple[PrefixPoint, ...]:
     """Points at `boundaries` (positions in 1..len(token_ids), any order; a position given twice
-    keeps its first kind). One hash per `_GROUP` tokens up to the last boundary."""
+    keeps its first kind). One hash per `_GROUP` tokens up to the last boundary: blake2b (16 bytes)
+    of the previous link and the group's ids as int64, a tail also with its length (2 bytes)."""
     kinds: dict[int, PointKind] = {}
     for n, kind in boundaries:
         if not 0 < n <= len(token_ids):
             raise ValueError(f"boundary {n} is outside the prompt of {len(token_ids)} tokens")
         kinds.setdefault(n, kind)
+    if not kinds:
+        return ()
+    raw = memoryview(array("q", token_ids[: max(kinds)]).tobytes())  # converted once, sliced per link
+    width = _ITEM * _GROUP
     out: list[PrefixPoint] = []
-    chain = [hashlib.blake2b(model.encode(), digest_size=16).digest()]  # chain[k]: tokens[: k * _GROUP]
+    chain = [blake2b(model.encode(), digest_size=16).digest()]  # chain[k]: tokens[: k * _GROUP]
     for n in sorted(kinds):
         while len(chain) <= n // _GROUP:
             k = len(chain) - 1
-            chain.append(_digest(chain[k], token_ids[k * _GROUP : (k + 1) * _GROUP], tail=False))
-        base = (n // _GROUP) * _GROUP
-        digest = chain[n // _GROUP] if n == base else _digest(chain[n // _GROUP], token_ids[base:n], tail=True)
+            chain.append(blake2b(chain[k] + raw[k * width : (k + 1) * width], digest_size=16).digest())
+        k = n // _GROUP
+        if n == k * _GROUP:
+            digest = chain[k]
+        else:
+            tail = raw[k * width : n * _ITEM].tobytes() + (n - k * _GROUP).to_bytes(2, "little")
+            digest = blake2b(chain[k] + tail, digest_size=16).digest()
         out.append(PrefixPoint(n, digest.hex(), kinds[n]))
     return tuple(out)
 
