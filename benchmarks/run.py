@@ -127,7 +127,7 @@ async def run_unit(scenario: Scenario, config: Config, ctx: Context, repeat: int
         # Salted per scenario, configuration and repeat: no run is served from another run's prefix
         # cache (scenarios read the same documents: chain and map-reduce chunks, chat turns).
         corpus = ctx.corpus.salted(f"{scenario.key}/{config.key}-{repeat}")
-        outcome = await asyncio.wait_for(scenario.run(scenario.params, target, corpus), ctx.timeout_s)
+        outcome = await asyncio.wait_for(scenario.run(scenario.params_for(repeat), target, corpus), ctx.timeout_s)
         record |= {
             "metrics": outcome.metrics,
             "num_calls": outcome.num_calls,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import random
 from pathlib import Path
 
 import pytest
 
-from benchmarks.apps import all_scenarios, chain_summary, map_reduce
+from benchmarks.apps import all_scenarios, chain_summary, gpts, map_reduce
 from benchmarks.apps.common import Corpus, Scenario, salt_digits
 from benchmarks.baselines import Completion, OutputError, SessionClient, check_completion, render_prompt
 from benchmarks.configs import Config, plan_configs, step_ms_at
@@ -85,6 +87,25 @@ def test_full_mode_sweeps_have_plot_points() -> None:
     scenarios = all_scenarios(FULL, PAPER, {"chain_summary"})
     points = {(fig, x) for s in scenarios for fig, _, x in s.plots}
     assert {("chain_output", 25.0), ("chain_output", 100.0), ("chain_chunk", 1024.0), ("chain_many", 12.0)} <= points
+
+
+def test_each_repeat_draws_its_own_arrival_schedule_and_repeat_zero_keeps_the_first() -> None:
+    by_key = {s.key: s for s in all_scenarios(QUICK, PAPER)}
+    scenario = by_key["gpts/rate4"]
+    draw0, draw1, draw2 = (gpts.arrivals(scenario.params_for(r)) for r in range(3))
+    assert scenario.params_for(0) is scenario.params and scenario.params.draw == 0
+    assert len(draw0) == len(draw1) == len(draw2) == 8 and len({tuple(draw0), tuple(draw1), tuple(draw2)}) == 3
+    assert draw1 == gpts.arrivals(scenario.params_for(1))  # the same for every configuration of a repeat
+    assert sorted(a for _, a in draw1) == sorted(a for _, a in draw0) == [0, 0, 1, 1, 2, 2, 3, 3]
+    # Repeat 0's is the schedule every run drew before repeats had draws of their own.
+    rng = random.Random("gpts/4.0")
+    order = [i % 4 for i in range(8)]
+    rng.shuffle(order)
+    offsets = list(itertools.accumulate((rng.expovariate(4.0) for _ in order[:-1]), initial=0.0))
+    assert draw0 == list(zip(offsets, order, strict=True))
+    assert by_key["chain_summary/many4"].params_for(2).draw == 2  # its background arrivals
+    no_draw = by_key["map_reduce/default"]
+    assert no_draw.params_for(2) is no_draw.params  # nothing random to draw: the same parameters
 
 
 # ---- prompts and clients --------------------------------------------------------------------------

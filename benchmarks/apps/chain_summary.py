@@ -15,7 +15,7 @@ import contextlib
 import random
 from dataclasses import dataclass
 
-from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Stage, Target, now, semantic
+from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Stage, Target, now, schedule_seed, semantic
 from benchmarks.baselines import Networked, render_prompt
 from benchmarks.scaling import Scale
 
@@ -44,6 +44,7 @@ class Params:
     background_rate: float = 0.0  # requests/s of unrelated 512-token (scaled) prompts
     background_prompt_tokens: int = 64
     background_output_tokens: int = 25
+    draw: int = 0  # the background arrivals' (Scenario.params_for: the repeat)
 
 
 def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
@@ -178,7 +179,7 @@ async def _call(client: Networked, template: str, values: dict[str, str], max_to
 
 async def _background(params: Params, client: Networked, corpus: Corpus, stop: asyncio.Event) -> int:
     """Poisson arrivals of unrelated requests until `stop`; returns how many were sent (all awaited)."""
-    rng = random.Random(f"{NAME}/background/{params.background_rate}")
+    rng = random.Random(schedule_seed(f"{NAME}/background/{params.background_rate}", params.draw))
     doc = corpus.documents(4, 4096)[-1]
     ids = corpus.document_ids(doc)
     tasks: list[asyncio.Task[str]] = []

@@ -14,7 +14,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from benchmarks import data
@@ -108,6 +108,20 @@ class Scenario:
     # "prefix" (prefix sharing), "attention" (shared-prefix attention), "objective", "policy".
     ablations: tuple[str, ...] = ()
     request_configs: bool = True  # also run the request-level baselines
+
+    def params_for(self, repeat: int) -> Any:
+        """The parameters of repeat `repeat`: a module whose parameters have a `draw` field seeds
+        its random schedule (arrival times) with it, so each repeat is a fresh draw of the workload
+        that every configuration of that repeat shares (pairs stay paired; a row's median is not
+        one schedule's luck). Repeat 0 is draw 0, the schedule every earlier run used."""
+        if repeat and "draw" in {f.name for f in fields(self.params)}:
+            return replace(self.params, draw=repeat)
+        return self.params
+
+
+def schedule_seed(name: str, draw: int) -> str:
+    """The seed string of a schedule and its `draw` (Scenario.params_for): draw 0 keeps `name`."""
+    return name if draw == 0 else f"{name}/draw{draw}"
 
 
 # ---- data ---------------------------------------------------------------------------------------

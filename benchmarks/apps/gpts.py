@@ -16,7 +16,18 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from benchmarks.apps.common import Corpus, Metric, Outcome, Scenario, Target, at, literal, now, semantic
+from benchmarks.apps.common import (
+    Corpus,
+    Metric,
+    Outcome,
+    Scenario,
+    Target,
+    at,
+    literal,
+    now,
+    schedule_seed,
+    semantic,
+)
 from benchmarks.baselines import render_prompt
 from benchmarks.scaling import Scale
 
@@ -39,6 +50,7 @@ class Params:
     apps: tuple[App, ...]
     rate: float  # requests/s
     num_requests: int
+    draw: int = 0  # the arrival schedule's (Scenario.params_for: the repeat)
 
 
 def scenarios(scale: Scale, paper: dict) -> list[Scenario]:
@@ -90,8 +102,9 @@ def templates(params: Params, corpus: Corpus) -> list[str]:
 
 
 def arrivals(params: Params) -> list[tuple[float, int]]:
-    """(arrival offset s, app index) of every request; seeded, apps mixed 1:1:1:1 in shuffled order."""
-    rng = random.Random(f"{NAME}/{params.rate}")
+    """(arrival offset s, app index) of every request; seeded by rate and draw, apps mixed 1:1:1:1
+    in shuffled order."""
+    rng = random.Random(schedule_seed(f"{NAME}/{params.rate}", params.draw))
     order = [i % len(params.apps) for i in range(params.num_requests)]
     rng.shuffle(order)
     t, out = 0.0, []
