@@ -18,10 +18,10 @@ and calls of different models never agree.
 from __future__ import annotations
 
 from array import array
-from hashlib import blake2b
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from hashlib import blake2b
 
 _GROUP = 16  # tokens per link of the hash chain
 _ITEM = 8  # bytes per token id in a link (int64)
