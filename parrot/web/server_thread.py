@@ -5,8 +5,8 @@ event loop of its own (`loop`: where the app's state lives, for callers that mus
 there), and `stop()` shuts the server down and joins the thread. The one such helper in the tree.
 
 The loop is uvloop's where it is installed (it is a dependency; absent on Windows): the manager's
-thread spends ~8% less CPU a request on it (`benchmarks.manager_path`), CPU an engine sharing the
-machine gets back.
+thread spends ~11% less CPU a request on it (README, "What the manager's path cost a request"),
+CPU an engine sharing the machine gets back.
 """
 
 from __future__ import annotations
