@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The dashboard's browser test and DAG layout need Debian's chromium and graphviz (`dot`).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention serve clean
+.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention results serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -62,6 +62,10 @@ bench-kernels: install
 
 bench-attention: install
 	$(BIN)/python -m benchmarks.attention_bench
+
+# docs/results.md and README.md's headline table, from the result sets in bench_results/.
+results: install
+	$(BIN)/python -m benchmarks.results_page
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
