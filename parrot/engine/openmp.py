@@ -8,7 +8,7 @@ OpenMP threads than CPUs, and every thread that ever ran a parallel op keeps its
 workers while it lives: on two cores, the thread that loaded the model plus the engine's loop
 thread are already too many, so the worker slept between nearly every op of every step.
 
-Two remedies, measured on the serving path (README, "OpenMP workers"):
+Three remedies, measured on the serving path:
 1. `prefer_spinning()` (run when `parrot.engine` is imported, before torch loads libgomp): with
    neither `OMP_WAIT_POLICY` nor `GOMP_SPINCOUNT` set, it sets `OMP_WAIT_POLICY=ACTIVE` with
    `GOMP_SPINCOUNT=300000`. The spin count is libgomp's usual one, so an idle engine still stops
@@ -23,7 +23,7 @@ Two remedies, measured on the serving path (README, "OpenMP workers"):
    team beside a busy one: with two engines in one process, the idle one's team made the busy one's
    decode steps ~2x slower (6 rows over a 1,056-token prefix: 33 ms against 17, what
    OMP_WAIT_POLICY=PASSIVE gives with one engine; 97,700 context switches against 37,000). An engine
-   alone in its process keeps its thread: a new thread's first step took ~6 ms longer (23 ms
+   alone in its process keeps its thread: a new thread's first step takes ~6 ms longer (23 ms
    against 17 for a 32-token prompt), which a request after each pause would pay.
 """
 
