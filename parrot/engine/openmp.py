@@ -6,7 +6,8 @@ more than the gap (on a virtual machine, a wake-up of an idle virtual CPU). libg
 iterations (a few ms) normally, but only 100 (about a microsecond) once the process has more
 OpenMP threads than CPUs, and every thread that ever ran a parallel op keeps its own team of
 workers while it lives: on two cores, the thread that loaded the model plus the engine's loop
-thread are already too many, so the worker slept between nearly every op of every step.
+thread are already too many, so without the remedies below the worker sleeps between nearly every
+op of every step.
 
 Three remedies, measured on the serving path:
 1. `prefer_spinning()` (run when `parrot.engine` is imported, before torch loads libgomp): with
@@ -20,7 +21,7 @@ Three remedies, measured on the serving path:
    one team, the loop thread's (the thread count it set is carried back to the caller's thread).
 3. `LLMEngine`'s loop thread ends after `IDLE_EXIT_S` without work while another engine is
    started in the process (the next request starts another thread), so an idle engine keeps no
-   team beside a busy one: with two engines in one process, the idle one's team made the busy one's
+   team beside a busy one: with two engines in one process, the idle one's team makes the busy one's
    decode steps ~2x slower (6 rows over a 1,056-token prefix: 33 ms against 17, what
    OMP_WAIT_POLICY=PASSIVE gives with one engine; 97,700 context switches against 37,000). An engine
    alone in its process keeps its thread: a new thread's first step takes ~6 ms longer (23 ms
