@@ -244,3 +244,14 @@ def test_every_folder_has_a_readme() -> None:
     folders = sorted({p.parent for p in ROOT.rglob("*.py")})
     missing = [f.relative_to(REPO).as_posix() for f in folders if not (f / "README.md").is_file()]
     assert missing == []
+
+
+def test_every_folder_readme_names_what_it_owns_and_its_imports() -> None:
+    """Each package README says what the folder owns and what it may or must not import."""
+    folders = sorted({p.parent for p in ROOT.rglob("*.py")})
+    vague = []
+    for folder in folders:
+        text = (folder / "README.md").read_text().lower()
+        if "owns" not in text or "import" not in text:
+            vague.append(folder.relative_to(REPO).as_posix())
+    assert vague == []

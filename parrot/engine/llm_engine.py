@@ -10,7 +10,7 @@ Ownership: every field below `_cv` is touched only with `_cv` held, except the m
 forward pass and the output processor's work on the step's generations (their decoders and stop
 windows belong to the loop thread). The loop blocks on `_cv` when there is no work; submissions
 notify it. Beside another started engine, a loop thread idle `IDLE_EXIT_S` ends, its OpenMP team
-with it (an idle team made the other's steps ~2x slower; openmp.py); the next request starts one.
+with it (an idle team makes the other's steps ~2x slower; openmp.py); the next request starts one.
 """
 
 from __future__ import annotations

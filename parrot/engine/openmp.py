@@ -6,9 +6,10 @@ more than the gap (on a virtual machine, a wake-up of an idle virtual CPU). libg
 iterations (a few ms) normally, but only 100 (about a microsecond) once the process has more
 OpenMP threads than CPUs, and every thread that ever ran a parallel op keeps its own team of
 workers while it lives: on two cores, the thread that loaded the model plus the engine's loop
-thread are already too many, so the worker slept between nearly every op of every step.
+thread are already too many, so without the remedies below the worker sleeps between nearly every
+op of every step.
 
-Two remedies, measured on the serving path (README, "OpenMP workers"):
+Three remedies, measured on the serving path:
 1. `prefer_spinning()` (run when `parrot.engine` is imported, before torch loads libgomp): with
    neither `OMP_WAIT_POLICY` nor `GOMP_SPINCOUNT` set, it sets `OMP_WAIT_POLICY=ACTIVE` with
    `GOMP_SPINCOUNT=300000`. The spin count is libgomp's usual one, so an idle engine still stops
@@ -20,10 +21,10 @@ Two remedies, measured on the serving path (README, "OpenMP workers"):
    one team, the loop thread's (the thread count it set is carried back to the caller's thread).
 3. `LLMEngine`'s loop thread ends after `IDLE_EXIT_S` without work while another engine is
    started in the process (the next request starts another thread), so an idle engine keeps no
-   team beside a busy one: with two engines in one process, the idle one's team made the busy one's
+   team beside a busy one: with two engines in one process, the idle one's team makes the busy one's
    decode steps ~2x slower (6 rows over a 1,056-token prefix: 33 ms against 17, what
    OMP_WAIT_POLICY=PASSIVE gives with one engine; 97,700 context switches against 37,000). An engine
-   alone in its process keeps its thread: a new thread's first step took ~6 ms longer (23 ms
+   alone in its process keeps its thread: a new thread's first step takes ~6 ms longer (23 ms
    against 17 for a 32-token prompt), which a request after each pause would pay.
 """
 

@@ -7,7 +7,7 @@ strings and turned into its TokenEvent. A stop string found here is reported bac
 `RowOutput.cut_text`; the core cuts the context to it and ends the generation before the step's
 events are handed out (`LLMEngine.hand_off`, one call per step), so the last event of a
 generation still says what its context holds. As vLLM v1's output processor, minus the process
-boundary: the text work no longer holds the lock that submissions, frees and stats take.
+boundary: the text work does not hold the lock that submissions, frees and stats take.
 """
 
 from __future__ import annotations

@@ -33,10 +33,6 @@ def marker(session_key: str, var_id: str) -> str:
     return f"{OPEN}parrot:{session_key}/{var_id}{CLOSE}"
 
 
-def has_markers(text: str) -> bool:
-    return OPEN in text and _MARKER.search(text) is not None
-
-
 def split_markers(text: str) -> list[str | VarRef]:
     """`text` as its pieces in order: plain text (never empty) and the variables its markers name."""
     parts: list[str | VarRef] = []

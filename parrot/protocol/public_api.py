@@ -311,11 +311,6 @@ class SessionCreated(_Msg):
     submitted: SubmitResponse | None = Field(default=None, description="the answer to `submit`, when it was sent")
 
 
-class GetParams(_Req):
-    criteria: Criteria = Field(default=Criteria.LATENCY, strict=False)
-    timeout_s: float = Field(default=60.0, gt=0, le=MAX_GET_TIMEOUT_S)
-
-
 class RunRequest(_Req):
     """One batch run to its end in a session of its own, in one request (`POST /v1/run`): the
     session is created with the batch, the answer waits for `outputs` and the session is deleted

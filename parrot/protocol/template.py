@@ -111,7 +111,7 @@ class ParsedTemplate:
 def parse_template(template: str, field: str = "template") -> ParsedTemplate:
     """Split `template` into text and placeholders; raise ParrotError(400, field) if malformed.
     Templates up to `_CACHED_CHARS` characters are parsed once (an app sends the same few over and
-    over: a GPTs request's 4,000-character system prompt cost ~0.5 ms to scan each time)."""
+    over: a GPTs request's 4,000-character system prompt costs ~0.5 ms to scan each time)."""
     if len(template) > _CACHED_CHARS:
         return _parse(template, field)
     try:

@@ -38,7 +38,7 @@ class ManagerConfig:
     max_variables_per_session: int = 100_000
     max_calls_per_session: int = 50_000
     max_body_bytes: int = 16 * 1024 * 1024
-    # Scheduling policy (a name in parrot.serve.scheduler.POLICIES) and its capacities.
+    # Scheduling policy (a name in parrot.serve.policy.registry.POLICIES) and its capacities.
     policy: str = "app_centric"
     max_running_calls_per_engine: int = 64
     # Pipelining: fill a waiting call's ready prompt prefix before its missing inputs arrive.

@@ -140,10 +140,6 @@ def model(name: str) -> ModelProfile:
     return _build(ModelProfile, name, _table("models.toml", name))  # type: ignore[no-any-return]
 
 
-def setup_names() -> list[str]:
-    return sorted(_load("setups.toml"))
-
-
 def setup(name: str, **overrides: Any) -> Setup:
     """The named setup; `overrides` replace its engine settings (e.g. num_blocks=512)."""
     table = {**_table("setups.toml", name), **overrides}

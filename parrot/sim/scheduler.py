@@ -143,13 +143,6 @@ class SimScheduler:
         keep = {j.ctx.context_id for j in self.jobs}
         return keep | {j.fork_from.context_id for j in self.jobs if j.fork_from is not None}
 
-    def _held(self) -> int:
-        """Blocks held by contexts with jobs (what reclaiming idle contexts can never free)."""
-        held = set()
-        for j in self.jobs:
-            held.update(j.ctx.blocks)
-        return len(held)
-
     def preempt(self, job: SimJob) -> None:
         """Drop the job's KV: it recomputes its context (prompt and output so far) when re-admitted."""
         self.kv.release(job.ctx)

@@ -2,7 +2,7 @@
 
 A plain request (the OpenAI routes) carries its prompt as one string, so the system prompt of
 thousands of characters that every user of an app shares arrives again, whole, with each request,
-and tokenizing it was most of the manager's CPU per request. A text's prefixes at every multiple of
+and tokenizing it whole each time would be most of the manager's CPU per request. A text's prefixes at every multiple of
 `step` characters are hashed in one pass (BLAKE2b, chained); a later text that shares one of them
 takes the tokens the earlier text had there, up to the prefix's stable end (Tokenizer.stable_len:
 tokens no continuation can change), and only the rest is tokenized. For a tokenizer that resumes at

@@ -158,10 +158,6 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self._chat_template is not None
-
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

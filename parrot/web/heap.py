@@ -1,11 +1,12 @@
 """The serving process's garbage collector: what a long-running manager sets once it has started.
 
 CPython's cyclic collector pauses every thread while it runs (the event loop, the engine loop's
-Python half), for a time that grows with the objects it traverses. Two things make a serving
+Python half), for a time that grows with the objects it traverses. Three things make a serving
 process pay more than it needs to:
 
 - Startup leaves ~220k tracked objects (torch, FastAPI, pydantic, the tokenizer) that live as long
-  as the process; every full collection traversed them again (~0.2 s a collection on this CPU).
+  as the process; every full collection would traverse them again (~0.2 s a collection on a
+  2-core AMD EPYC).
   `settle_heap` collects once and then freezes what is left (`gc.freeze`: the permanent
   generation, never traversed again), as vLLM does after its start-up. The price: a reference
   cycle among frozen objects that later becomes garbage is never freed (start-up objects live as
@@ -13,10 +14,9 @@ process pay more than it needs to:
 - The youngest generation's threshold (700 allocations) promotes objects that live for a few
   event-loop turns (a call's views, its tasks, its events) into the older generations, where only
   a full collection frees them; with 10k applications in flight on 256 simulated engines the
-  collector took 45 of 86 s of wall time (30 full collections). With both changes: 21 of 67 s, 6
-  full ones (README, "The manager at scale"; `benchmarks.sim_scale` reports the collector's share
-  of each run).
-
+  collector takes 45 of 86 s of wall time (30 full collections) with neither the freeze nor this
+  threshold raised to 10,000, 21 of 67 s (6 full ones) with both (`benchmarks.sim_scale` reports the
+  collector's share of each run: bench_results/sim-manager-scale/).
 - Full collections walk the whole heap (~1.5 s with 10k applications in flight) and CPython starts
   one every 10 collections of the middle generation once the objects promoted since the last one
   exceed a quarter of the old generation: during a burst of applications that is every ~1M

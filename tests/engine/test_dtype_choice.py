@@ -1,5 +1,5 @@
 """The engine's dtype follows the CPU: bfloat16 only where the CPU computes it (on an AVX2-only
-CPU torch's bf16 matmul ran ~60x slower than float32)."""
+CPU torch's bf16 matmul runs ~60x slower than float32)."""
 
 from __future__ import annotations
 

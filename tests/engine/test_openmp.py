@@ -170,7 +170,7 @@ def test_an_idle_loop_thread_ends_beside_another_engine_and_the_next_request_sta
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc")
 def test_an_idle_engine_keeps_no_openmp_team_in_the_process(default_model_folder: Path) -> None:
     # Two engines in one process: once the second is idle, its loop thread and that thread's team
-    # of OpenMP workers are gone (an idle team made the other engine's steps ~2x slower).
+    # of OpenMP workers are gone (an idle team makes the other engine's steps ~2x slower).
     code = (
         "import os, time, torch\n"
         "from parrot.engine import sync_client, llm_engine\n"

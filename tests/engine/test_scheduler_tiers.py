@@ -21,7 +21,7 @@ def test_a_better_tier_arrival_starts_before_running_lower_tier_prefill() -> Non
         h.job(JobKind.FILL, f"flood{i}", tokens=3000, priority=0)
     assert h.step() == {"flood0": 2048}
     h.job(JobKind.FILL, "victim", tokens=100, priority=2)
-    # Before: the running flood chunk took the budget first and the victim waited for it.
+    # The victim's prompt goes first: the running flood chunk does not take the budget ahead of it.
     assert h.step() == {"victim": 99, "flood0": 951, "flood1": 998}
 
 

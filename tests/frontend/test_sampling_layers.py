@@ -25,7 +25,7 @@ def sent(fn: object, *args: object) -> CallSpec:
 
 
 def test_an_output_overrides_only_what_it_sets() -> None:
-    # The bug this fixes: Output(max_tokens=5) used to reset the function's temperature to 0.
+    # Output(max_tokens=5) sets max_tokens only: the function's temperature stays.
     assert qa.sampling == {
         "a": SamplingParams(temperature=0.8, max_tokens=5, seed=1),
         "b": SamplingParams(temperature=0.8, max_tokens=30, seed=2, stop=["\n"]),

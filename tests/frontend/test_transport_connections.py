@@ -2,7 +2,7 @@
 closes they linger while they would be kept alive anyway, so a stream of one-request runs does
 not connect once per run; they close when unused long enough, when `asyncio.run` ends the loop
 (sessions still open then included), at `end_of_loop` (a loop stopped without cancelling its
-tasks), and a loop closed without it is cleaned up by the next loop's first session."""
+tasks), and a loop closed without it is cleaned up by the next session that connects."""
 
 from __future__ import annotations
 

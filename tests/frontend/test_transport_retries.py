@@ -156,8 +156,8 @@ def test_a_submit_that_may_have_arrived_is_never_sent_twice(status: int, proxy: 
 
 
 def test_the_environments_proxy_is_read_once_while_a_loops_sessions_are_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    """HTTP_PROXY / NO_PROXY are honored as `trust_env` would, but read when the first session of
-    an event loop connects, not at every request (nor at every one-request run)."""
+    """HTTP_PROXY / NO_PROXY are honored as `trust_env` would, but read once per event loop, when
+    its sessions connect, not at every request (nor at every one-request run)."""
     for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")

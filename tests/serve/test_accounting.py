@@ -40,26 +40,26 @@ def test_call_usage_splits_reused_early_and_computed_and_agrees_with_the_engine(
             ]
             manager.submit(session, SubmitRequest(calls=calls))
             await manager.get_variable(session, "c1~a")
-            # A second session asks over the same documents: it reuses the first answer's prefix.
+            # Another session asks over the same documents: it reuses the answer's prefix.
             created2 = manager.create_session("key")
-            second = manager.session(created2.session_id, created2.token)
+            session2 = manager.session(created2.session_id, created2.token)
             again = CallSpec(
                 template=DOCS + "Question:{{input:rq}}\nAnswer:{{output:a}}",
                 default_sampling=GREEDY,
                 bindings={"rq": Binding(value=" who reviews hotfixes?")},
             )
-            manager.submit(second, SubmitRequest(calls=[again]))
-            await manager.get_variable(second, "c0~a")
+            manager.submit(session2, SubmitRequest(calls=[again]))
+            await manager.get_variable(session2, "c0~a")
             await asyncio.sleep(0)
             after = await tiny_engine.stats()
-            first, other = manager.status(session), manager.status(second)
+            first, other = manager.status(session), manager.status(session2)
             rewrite, answer = first.calls
             (reuser,) = other.calls
             assert rewrite.num_cached_tokens == rewrite.num_early_filled_tokens == 0
             # The answer computed its document prefix itself, early: none of it counts as reused.
             assert answer.num_cached_tokens == 0
             assert 0 < answer.num_early_filled_tokens < answer.num_computed_tokens == answer.num_prompt_tokens
-            # The second session's call reused exactly what the first answer computed early.
+            # The other session's call reused exactly what the answer computed early.
             assert reuser.num_cached_tokens == answer.num_early_filled_tokens
             assert reuser.num_computed_tokens == reuser.num_prompt_tokens - reuser.num_cached_tokens
             calls_all = [rewrite, answer, reuser]

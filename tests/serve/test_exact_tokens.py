@@ -26,7 +26,7 @@ from parrot.serve.config import ManagerConfig
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer_corpus.md"
 ODD_VALUES = [
     "",
     " leading space",
@@ -65,12 +65,13 @@ class PromptRecorder(FakeEngine):
 
 
 def corpus_text() -> str:
-    text = (REPO / "parrot" / "serve" / "README.md").read_text() + (REPO / "README.md").read_text()
+    """Prose, Markdown, code, numbers, non-ASCII text and long words (tests/fixtures)."""
+    text = CORPUS.read_text(encoding="utf-8")
     return text.replace("{{", "{ {")  # literal text, never a placeholder
 
 
 def fragments(rng: random.Random, text: str, n: int) -> list[str]:
-    """Slices of real prose cut at any character (mid-word too), plus odd values."""
+    """Slices of the corpus cut at any character (mid-word too), plus odd values."""
     out = list(ODD_VALUES)
     while len(out) < n:
         start = rng.randrange(len(text) - 200)

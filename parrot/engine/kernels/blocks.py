@@ -33,7 +33,7 @@ from parrot.engine.model.layers import Linear, LMHead
 QK = 32  # weights per block
 # Up to here the kernels: they read 0.6 bytes a weight where torch's matmul and oneDNN read 4, and
 # a decode step reads each weight once, from memory. In one engine by turns (AVX2 EPYC, 2 threads,
-# medians of 5), oneDNN from 8 rows made decode steps slower (8 rows x 450 tokens 116 against 85
+# medians of 5), oneDNN from 8 rows makes decode steps slower (8 rows x 450 tokens 116 against 85
 # ms, 16 x 200 137 against 109, 32 x 200 194 against 188) though it wins on weights in cache
 # (gate_up at 16 rows 537 us against 824); bigger steps are faster on it: decode steps of 48 / 56 /
 # 64 rows 160 / 187 / 200 ms against 189 / 199 / 268, 40 rows even (`benchmarks.kernel_ab

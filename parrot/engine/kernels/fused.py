@@ -2,21 +2,21 @@
 `parrot_decoder_layer` (cpu_kernels.c), which composes the same kernels as the per-op native path
 in the same order, rounding at the same points, so its outputs are that path's bits.
 
-Why: at small batches a decode step's forward pass was 271 ctypes calls (4 linears, RoPE,
-attention, 2 norms and SiLU*up per layer) and ~1,400 aten calls (splits, views, the cache write's
-index_copy_, an output allocation per op), each with Python dispatch and argument marshalling,
-each ctypes call taking the GIL back; fused, Python
-makes one call per layer and the GIL is free for the whole layer (ctypes releases it).
+Why: on the per-op path a decode step's forward pass of SmolLM2-135M is 271 ctypes calls (4
+linears, RoPE, attention, 2 norms and SiLU*up per layer) and ~1,400 aten calls (splits, views, the
+cache write's index_copy_, an output allocation per op), each with Python dispatch and argument
+marshalling, each ctypes call taking the GIL back; fused, Python makes one call per layer and the
+GIL is free for the whole layer (ctypes releases it).
 
 It takes a step when every piece of it is native and the step's attention says its rows attend
 through the native paged kernels (`NativeRows`, which the attention backend returns from
 `native_rows()`: the rowwise backend always, its prefill chunks on `paged_prefill`; the paged
-backend for steps of decode rows only),
-with the linears on one kernel: the batch-invariant VNNI kernel at any row count, or the dot
-kernel at up to DOT_MAX_ROWS rows (a float32 model's decode steps: fused_f32.py). Anything else
-(torch pieces, prefill chunks on the paged backend, the shared-prefix cascade, AMX or oneDNN row
-counts, odd shapes, autograd) runs the layer's per-op path. `set_fused(model, False)` turns a
-model's fused layers off (A/B runs).
+backend for steps of decode rows only), with the linears on one kernel: the batch-invariant
+kernel (AMX, else VNNI) at any row count, or the dot kernel at up to DOT_MAX_ROWS rows (a float32
+model's decode steps: fused_f32.py). Anything else (torch pieces, prefill chunks on the paged
+backend, the shared-prefix cascade, the AMX or oneDNN row counts outside that mode, odd shapes,
+autograd) runs the layer's per-op path. `set_fused(model, False)` turns a model's fused layers
+off (A/B runs).
 
 Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
 and two output buffers from the first layer of a forward pass to its last (layer i's outputs are

@@ -4,10 +4,10 @@ chunks).
 
 torch's `F.linear` in float32 calls MKL's sgemm on the unpacked weight; oneDNN with the weight
 reordered once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's
-own compiler uses for CPU linears) ran 1.2-1.9x faster at 64-512 rows on the AVX2-only EPYC (a
+own compiler uses for CPU linears) runs 1.2-1.9x faster at 64-512 rows on the AVX2-only EPYC (a
 prefill to first token 1.15-1.18x in an engine). On a weight in cache it also beats the block
 kernels from 8 rows, but a decode step reads each weight once from memory, 4 bytes a weight here
-against their 0.6, and such steps got slower in an engine (blocks.py). The packed copy costs the
+against their 0.6, and such steps are slower in an engine (blocks.py). The packed copy costs the
 float32 weight's size again in memory (513 MB for the default model), made at load. The ops are
 torch internals, pinned with torch: where they are missing, `pack` returns None and callers keep
 `F.linear`.
