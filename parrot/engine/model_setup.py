@@ -36,7 +36,11 @@ class ModelSetup:
 
 def set_up_model(model: LlamaModel, config: EngineConfig, dtype: torch.dtype) -> ModelSetup:
     """Apply the configured transforms to `model`, once; logs what runs (or why not)."""
-    native, status = _apply_native_kernels(model, config)
+    chosen = kernels.apply_engine_kernels(model, model.cfg, config.cpu_kernels)  # logs what runs
+    native = chosen.native
+    if config.cpu_kernels and not native and config.dtype == "bfloat16":
+        # A float32 model is a choice (bit-exact runs); a bf16 one without the kernels is news.
+        log.warning("native CPU kernels %s; running on torch ops", chosen.status)
     mc = model.cfg  # auto: on where the kernels run the linears and the attention too
     auto = native and kernels.paged_decode_supported(dtype, mc.num_heads, mc.num_kv_heads, mc.head_dim)
     batch_invariant = auto if config.batch_invariant is None else config.batch_invariant
@@ -46,29 +50,7 @@ def set_up_model(model: LlamaModel, config: EngineConfig, dtype: torch.dtype) ->
     attention = "rowwise" if batch_invariant else config.attention
     # A float32 cache decodes on the AVX2 kernels (block_kernels.c) whatever ran the linears.
     native_attention = native or (dtype == torch.float32 and config.cpu_kernels)
-    return ModelSetup(native, native_attention, status, batch_invariant, attention)
-
-
-def _apply_native_kernels(model: LlamaModel, config: EngineConfig) -> tuple[bool, str]:
-    if not config.cpu_kernels:
-        log.info("native CPU kernels off (EngineConfig.cpu_kernels=False): torch ops")
-        return False, "off"
-    report = kernels.apply_native(model)
-    if not report.applied:
-        # A float32 model is a choice (bit-exact runs); a machine without the kernels is news.
-        level = logging.INFO if config.dtype != "bfloat16" else logging.WARNING
-        log.log(level, "native CPU kernels %s; running on torch ops", report.status)
-        blocks = kernels.apply_blocks(model)  # a float32 GGUF model's linears over its blocks
-        num_elementwise = kernels.apply_elementwise(model)  # its RMSNorm, SiLU*up, rotary (AVX2)
-        if num_elementwise:
-            log.info("float32 RMSNorm, SiLU*up and rotary on the AVX2 kernels: %d pieces", num_elementwise)
-        if blocks.applied:
-            log.info("float32 linears over the model's GGUF blocks: %s", blocks.status)
-            return False, blocks.status
-        return False, report.status
-    note = f" ({report.note})" if report.note else ""
-    log.info("native CPU kernels: %s%s, %d model modules replaced", report.status, note, report.num_replaced)
-    return True, report.status
+    return ModelSetup(native, native_attention, chosen.status, batch_invariant, attention)
 
 
 def eos_ids(mc: ModelConfig, tokenizer: Tokenizer) -> frozenset[int]:

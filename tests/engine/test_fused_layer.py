@@ -87,7 +87,8 @@ def test_rowwise_steps_are_fused_bit_for_bit(folder: Path, counted: Counted, qkv
     fused, fused_cache = run_steps(model, RowwiseAttention, STEPS)
     assert counted.calls == 3 * len(STEPS)  # every step, prefill chunks included: one call per layer
     assert model.layers[0].step is model.layers[2].step  # one step descriptor for the model's layers
-    assert model.layers[0].step.scratch is None  # released by the last layer of each pass
+    step = model.layers[0].step
+    assert step.desc is None and step.held == []  # released by the last layer of each pass
     for ours, theirs in zip(fused, per_op, strict=True):
         assert torch.equal(ours, theirs)
     assert torch.equal(fused_cache.k, per_op_cache.k)

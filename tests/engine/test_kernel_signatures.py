@@ -59,3 +59,21 @@ def test_ctypes_declarations_match_the_c_signatures(source: Source) -> None:
         assert len(argtypes) == len(c_argtypes), f"{name}: {len(argtypes)} argtypes, C takes {len(c_argtypes)}"
         for i, (ours, theirs) in enumerate(zip(argtypes, c_argtypes, strict=True)):
             assert ours == theirs, f"{name} argument {i}: ctypes {ours.__name__}, C {theirs.__name__}"
+
+
+@pytest.mark.parametrize("source", [KERNELS, BLOCKS], ids=lambda s: s.path.name)
+def test_a_build_is_keyed_by_every_header_its_file_includes(source: Source) -> None:
+    """The shared C code (csrc/) is part of what a cached library is keyed by: a change to a header
+    must rebuild both libraries, not load a stale one."""
+    pending, seen = [source.path], set()
+    while pending:  # the file's local includes, and theirs
+        path = pending.pop()
+        for name in re.findall(r'^#include "([^"]+)"', path.read_text(), re.MULTILINE):
+            header = (path.parent / name).resolve()
+            if header not in seen:
+                seen.add(header)
+                pending.append(header)
+    assert {p.name for p in seen} >= {"vec_avx512.h" if source is KERNELS else "vec_avx2.h", "exp.h", "cascade.h"}
+    text = source.text()
+    for header in seen:
+        assert header.read_bytes() in text, f"{header.name} is not in {source.path.name}'s build key"

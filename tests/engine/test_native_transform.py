@@ -15,7 +15,7 @@ import torch
 from parrot.engine import kernels, sync_client
 from parrot.engine.attention.base import PagedAttention, SeqSpec
 from parrot.engine.config import EngineConfig
-from parrot.engine.kernels.transform import NATIVE_PIECES
+from parrot.engine.kernels.transform import ELEMENTWISE_PIECES, NATIVE_PIECES
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.llama import LlamaModel
@@ -96,11 +96,12 @@ def test_engines_with_and_without_kernels_side_by_side(
     """Each engine's setting holds for its own model, backend and sampler, whatever the other does."""
     ids = list(range(200, 240))
     config = EngineConfig(model=str(native_shaped_folder), dtype="bfloat16", num_blocks=32)
-    with caplog.at_level(logging.INFO, logger="parrot.engine.model_setup"):
-        torch_engine = LLMEngine(dataclasses.replace(config, cpu_kernels=False))
-        native_engine = LLMEngine(config)
-    messages = [r.getMessage() for r in caplog.records if "native CPU kernels" in r.getMessage()]
-    assert len(messages) == 2 and "off" in messages[0] and kernels.status() in messages[1]
+    caplog.set_level(logging.INFO, logger="parrot.engine.kernels")
+    torch_engine = LLMEngine(dataclasses.replace(config, cpu_kernels=False))
+    native_engine = LLMEngine(config)
+    off = "off (EngineConfig.cpu_kernels=False)"
+    expected = [f"native kernels: {off}; block kernels: {off}", bf16_line(native_shaped_folder)]
+    assert kernel_lines(caplog) == expected
     assert torch_engine.stats().native_kernels == "off"
     assert native_engine.stats().native_kernels == kernels.status()
     assert set(pieces(torch_engine.model).values()) <= set(NATIVE_PIECES)  # torch pieces only
@@ -116,6 +117,39 @@ def test_engines_with_and_without_kernels_side_by_side(
     finally:
         for engine in (torch_engine, native_engine):
             engine.stop()
+    assert len(kernel_lines(caplog)) == 2  # once per engine start, not per step
+
+
+def kernel_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The lines logged on "parrot.engine.kernels", each at info level."""
+    records = [r for r in caplog.records if r.name == "parrot.engine.kernels"]
+    assert all(r.levelno == logging.INFO for r in records)
+    return [r.getMessage() for r in records]
+
+
+def bf16_line(folder: Path) -> str:
+    """The line a bf16 engine on the model in `folder` logs at start on this machine."""
+    if not kernels.available():
+        return f"native kernels: {kernels.status()}; block kernels: off (bfloat16 model)"
+    num_pieces = sum(type(m) in NATIVE_PIECES for m in load_model(folder, torch.bfloat16).modules())
+    note = f"; {kernels.library.note()}" if kernels.library.note() else ""
+    parts = f"linears, attention, elementwise, sampler, fused layers: {num_pieces} modules{note}"
+    return f"native kernels: {kernels.status()} ({parts}); block kernels: off (bfloat16 model)"
+
+
+def test_the_startup_line_names_the_float32_kernels(tiny_model_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from parrot.engine.kernels import library
+
+    caplog.set_level(logging.INFO, logger="parrot.engine.kernels")
+    LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="float32", num_blocks=8))
+    if library.blocks_library() is None:
+        blocks = library.blocks_status()
+    else:  # the tiny model's random weights are no block encoding: its linears stay on torch
+        pieces = load_model(tiny_model_folder, torch.float32).modules()
+        modules = sum(type(m) in ELEMENTWISE_PIECES for m in pieces)
+        linears = "linears on torch (unavailable: no weight is an exact Q4_1 or Q8_0 block encoding)"
+        blocks = f"avx2_fma ({linears}; attention; elementwise and fused layers: {modules} modules)"
+    assert kernel_lines(caplog) == [f"native kernels: off (float32 model); block kernels: {blocks}"]
 
 
 def test_the_libraries_build_wherever_the_cpu_and_a_compiler_allow() -> None:
@@ -159,10 +193,12 @@ def test_an_unavailable_library_is_logged_and_reported(
     monkeypatch.setattr(library, "_tried", True)
     monkeypatch.setattr(library, "_lib", None)
     monkeypatch.setattr(library, "_reason", "no C compiler (gcc is not on PATH and $CC is unset)")
+    caplog.set_level(logging.INFO, logger="parrot.engine.kernels")
     with caplog.at_level(logging.INFO, logger="parrot.engine.model_setup"):
         engine = LLMEngine(EngineConfig(model=str(tiny_model_folder), dtype="bfloat16", num_blocks=8))
     status = "unavailable: no C compiler (gcc is not on PATH and $CC is unset)"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"native CPU kernels {status}; running on torch ops"]
+    assert kernel_lines(caplog) == [f"native kernels: {status}; block kernels: off (bfloat16 model)"]
     assert engine.stats().native_kernels == status
     assert not engine.runner.backend.native and not engine.runner.native_sampling

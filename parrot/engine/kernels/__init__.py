@@ -7,15 +7,18 @@ decode and prefill attention, decode.py) and its sampler (native greedy argmax +
 global switch: a model or backend built without the kernels runs torch ops, whatever else runs
 in the process.
 
-- library.py: builds cpu_kernels.c with gcc once per process (ctypes), its signatures, `status()`;
+- library.py: builds cpu_kernels.c and block_kernels.c with gcc once per process (ctypes; the C
+  code both share is csrc/: see README.md), their signatures, `status()`;
 - ops.py: the native ops with their torch fallbacks (linear, RMSNorm, RoPE, SiLU*up, argmax);
 - decode.py: attention over the paged KV cache, read in place: decode (per context and
   shared-prefix cascade) and the causal prefill of a chunk;
 - pieces.py: the native model pieces (linear, norm, SiLU*up, rotary, LM head);
 - fused.py: `FusedDecoderLayer`, a whole decoder layer in one native call where the step allows
-  (fused_f32.py: a float32 model's decode steps on block_kernels.c);
+  (fused_f32.py: a float32 model's decode steps on block_kernels.c; fused_step.py: the step
+  descriptor both share);
 - transform.py: `apply_native`, which swaps them in (`apply_elementwise`: a float32 model's
-  RMSNorm, SiLU*up and rotary on the AVX2 kernels);
+  RMSNorm, SiLU*up and rotary on the AVX2 kernels); `apply_engine_kernels`, what an engine
+  applies at start, logged once on the "parrot.engine.kernels" logger;
 - invariant.py: `apply_batch_invariant`, projections whose per-row result ignores the row count;
 - blocks.py + block_kernels.c: a float32 GGUF model's linears over its exact 4/8-bit blocks (AVX2),
   `apply_blocks`.
@@ -55,7 +58,13 @@ from parrot.engine.kernels.ops import (
     rowwise_linear,
     silu_mul,
 )
-from parrot.engine.kernels.transform import NativeReport, apply_elementwise, apply_native
+from parrot.engine.kernels.transform import (
+    EngineKernels,
+    NativeReport,
+    apply_elementwise,
+    apply_engine_kernels,
+    apply_native,
+)
 
 __all__ = [
     "AMX_MAX_ROWS",
@@ -65,6 +74,7 @@ __all__ = [
     "BlockLinear",
     "BlocksReport",
     "CascadePieces",
+    "EngineKernels",
     "Float32DecodeRows",
     "FusedDecoderLayer",
     "NativeReport",
@@ -75,6 +85,7 @@ __all__ = [
     "apply_batch_invariant",
     "apply_blocks",
     "apply_elementwise",
+    "apply_engine_kernels",
     "apply_native",
     "argmax_logsumexp",
     "attention_amx",

@@ -17,20 +17,28 @@
  *
  * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp -mavx2 -mfma
  * -ffp-contract=off: a product and a sum written apart stay two roundings, as in the reference).
+ *
+ * One source with cpu_kernels.c (the bf16 library) where the algorithm is the same: csrc/ holds
+ * e^x, the elementwise steps, the cascade's driver and merge and the decoder layer's sequence,
+ * compiled here over csrc/vec_avx2.h and float32 activations (act_t below). The linears over
+ * blocks and the attention tiles are this library's own arithmetic (see cpu_kernels.c).
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#define QK 32      /* weights per block */
+#include "csrc/vec_avx2.h"
+#include "csrc/exp.h"
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* This library's activations for the shared kernels (csrc/elementwise.h, cascade.h,
+ * decoder_layer.h): float32, 8 to a vector, no rounding between the ops. */
+typedef float act_t;
+#define act_load _mm256_loadu_ps
+#define act_store _mm256_storeu_ps
+#define act_round(v) (v)
+
+#define QK 32      /* weights per block */
 
 /* One Q4_1 block (16 bytes: byte j holds q[j] in its low nibble and q[j + 16] in its high one,
  * then d and m as float32) as four vectors of float32 weights. */
@@ -221,31 +229,14 @@ void parrot_linear_q8_0(const float* x, int64_t ldx, const int8_t* qs, const flo
  * no padded mask. A work item is one piece and one KV head: for every tile of FT keys, the tile is
  * read from memory once and every query of the piece (its rows' G heads) takes its scores, an
  * online-softmax update (running max m and sum l, fp32) and the weighted V while the tile is in
- * cache; it leaves each query's partial (m, l, unnormalized output) in its slot. A second pass
- * merges each row's partials by log-sum-exp (one slot: out = o / l). A query's arithmetic depends
+ * cache; it leaves each query's partial (m, l, unnormalized output) in its slot. The driver and the
+ * second pass, which merges each row's partials by log-sum-exp (one slot: out = o / l), are
+ * csrc/cascade.h, shared with cpu_kernels.c, whose work item is its own arithmetic (three passes
+ * over 16-key score vectors, bf16 dot products). A query's arithmetic depends
  * only on its keys and the piece's tile grid, never on the other rows: per-context decode gives a
  * row the same bits in any batch. A NaN score makes the row NaN, as in SDPA. */
 #define FT 32 /* keys per tile */
-#define F_MAX_HEAD_DIM 256
-
-static inline __m256 exp256(__m256 x) { /* e^x, ~1 ulp (Cephes polynomial); exactly 0 below -87.3 */
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    const __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ); /* NaN compares false: it stays NaN */
-    x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x)); /* NaN kept (2nd operand) */
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+#define MAX_HEAD_DIM 256
 
 /* Eight horizontal sums at once: lane j holds the sum of a[j]. */
 static inline __m256 reduce8(const __m256 a[8]) {
@@ -273,10 +264,26 @@ static inline __attribute__((always_inline)) float tile_scores(const float* qr, 
         _mm256_storeu_ps(s + i0, sv);
         vmax = _mm256_max_ps(sv, vmax); /* NaN in sv: vmax (the second operand) */
     }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
+    return hmax8(vmax);
+}
+
+/* One query's online-softmax step (decode and prefill alike) over a tile whose scores s[0:len]
+ * (len rounded up to 8 lanes; masked keys -inf) have the max mt: s becomes e^(s - m_new) (0 where
+ * masked), m and l are updated, and the factor for the running output, e^(m_old - m_new), is
+ * returned. */
+static inline float softmax_step(float* s, int64_t len, float mt, float* m, float* l) {
+    const float mn = mt > *m ? mt : *m;
+    const float alpha = mn == -INFINITY ? 1.0f : expf(*m - mn);
+    const __m256 vm = _mm256_set1_ps(mn);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; j += 8) { /* masked lanes: e^(-inf) = 0 */
+        const __m256 e = vf_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *l = *l * alpha + hsum8(sum);
+    *m = mn;
+    return alpha;
 }
 
 /* One query's online-softmax step over a tile: m, l and o[0:D] updated in place. */
@@ -284,18 +291,7 @@ static inline __attribute__((always_inline)) void tile_update(const float* qr, c
                                                               const float* const* vrow, int64_t n, float scale,
                                                               float* m, float* l, float* o, const int64_t D) {
     _Alignas(32) float s[FT];
-    const float mt = tile_scores(qr, krow, n, scale, s, D);
-    const float mn = mt > *m ? mt : *m;
-    const float alpha = mn == -INFINITY ? 1.0f : expf(*m - mn);
-    const __m256 vm = _mm256_set1_ps(mn);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t i0 = 0; i0 < n; i0 += 8) { /* lanes past n: e^(-inf) = 0 */
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i0), vm));
-        _mm256_storeu_ps(s + i0, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    *l = *l * alpha + hsum8(sum);
-    *m = mn;
+    const float alpha = softmax_step(s, n, tile_scores(qr, krow, n, scale, s, D), m, l);
     const __m256 va = _mm256_set1_ps(alpha);
     for (int64_t c0 = 0; c0 < D; c0 += 64) { /* 8 accumulators: 64 dims at a time */
         const int64_t cw = D - c0 < 64 ? D - c0 : 64;
@@ -356,62 +352,39 @@ static inline __attribute__((always_inline)) void piece_f32(const float* q, int6
     }
 }
 
-/* The same pieces, rows and slots as parrot_cascade_decode (cpu_kernels.c), over float32 q [B, Hq, D]
- * (rows q_stride apart), caches [blocks, bs, Hkv, D] and out [B, Hq * D]. D % 8 == 0, D <= 256.
- * Returns 0, or the work items when the partials could not be allocated (the caller raises). */
+/* One work item of cascade_decode (csrc/cascade.h), the head shape a constant where it is common;
+ * it allocates nothing, so it never fails. */
+static int64_t cascade_piece(const float* q, int64_t q_stride, const float* kc, const float* vc, const int64_t* blocks,
+                             int64_t L, const int64_t* rows, int64_t R, float* pm, float* pl, float* pacc, int64_t h,
+                             int64_t Hkv, int64_t bs, float scale, int64_t G, int64_t D) {
+#define PIECE_F32(GG, DD) piece_f32(q, q_stride, kc, vc, blocks, L, rows, R, pm, pl, pacc, h, Hkv, bs, scale, GG, DD)
+    if (G == 3 && D == 64) PIECE_F32(3, 64);
+    else if (G == 1 && D == 64) PIECE_F32(1, 64);
+    else if (D == 128) PIECE_F32(G, 128);
+    else PIECE_F32(G, D);
+#undef PIECE_F32
+    return 0;
+}
+
+/* A partial's weight in the merge: a piece whose keys all scored -inf adds nothing; a NaN score
+ * travels in its partial's l and sums, so it makes the row NaN. */
+static inline float merge_weight(float ms, float m, int any_nan) {
+    (void)any_nan;
+    return ms == -INFINITY ? 0.0f : expf(ms - m);
+}
+
+#include "csrc/cascade.h"
+
+/* The pieces, rows and slots of parrot_cascade_decode (cpu_kernels.c, csrc/cascade.h) over float32
+ * q [B, Hq, D] (rows q_stride apart), caches [blocks, bs, Hkv, D] and out [B, Hq * D]. D % 8 == 0,
+ * D <= 256. Returns 0, or the work items when the partials could not be allocated (the caller raises). */
 int64_t parrot_cascade_decode_f32(const float* q, int64_t q_stride, const float* kc, const float* vc, int64_t P,
                                   const int64_t* block_ptr, const int64_t* piece_blocks, const int64_t* piece_len,
                                   const int64_t* row_ptr, const int64_t* piece_rows, const int64_t* slot_ptr,
                                   const int64_t* row_slots, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
                                   int64_t bs, float scale, int num_threads) {
-    const int64_t G = Hq / Hkv, S = row_ptr[P];
-    float* pm = malloc((size_t)(S * Hq * 4));
-    float* pl = malloc((size_t)(S * Hq * 4));
-    float* pacc = malloc((size_t)(S * Hq * D * 4));
-    if (pm == NULL || pl == NULL || pacc == NULL) {
-        free(pm), free(pl), free(pacc);
-        return P * Hkv;
-    }
-#pragma omp parallel num_threads(num_threads)
-    {
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < P * Hkv; task++) {
-            const int64_t p = task / Hkv, h = task % Hkv, first = row_ptr[p];
-#define PIECE_F32(GG, DD)                                                                                    \
-    piece_f32(q, q_stride, kc, vc, piece_blocks + block_ptr[p], piece_len[p], piece_rows + first,            \
-              row_ptr[p + 1] - first, pm + first * Hq, pl + first * Hq, pacc + first * Hq * D, h, Hkv, bs, scale, \
-              GG, DD)
-            if (G == 3 && D == 64) PIECE_F32(3, 64);
-            else if (G == 1 && D == 64) PIECE_F32(1, 64);
-            else if (D == 128) PIECE_F32(G, 128);
-            else PIECE_F32(G, D);
-#undef PIECE_F32
-        }
-#pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < B * Hq; bh++) { /* merge each row's partials, per query head */
-            const int64_t b = bh / Hq, hq = bh % Hq;
-            float m = -INFINITY;
-            for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
-                const float ms = pm[row_slots[k] * Hq + hq];
-                if (ms > m) m = ms;
-            }
-            __m256 acc[F_MAX_HEAD_DIM / 8];
-            for (int64_t c = 0; c < D / 8; c++) acc[c] = _mm256_setzero_ps();
-            float l = 0.0f;
-            for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
-                const int64_t slot = row_slots[k] * Hq + hq;
-                const float w = pm[slot] == -INFINITY ? 0.0f : expf(pm[slot] - m); /* NaN l: NaN row */
-                l += w * pl[slot];
-                for (int64_t c = 0; c < D / 8; c++)
-                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(pacc + slot * D + c * 8), acc[c]);
-            }
-            float* o = out + b * Hq * D + hq * D;
-            const __m256 inv = _mm256_set1_ps(1.0f / l);
-            for (int64_t c = 0; c < D / 8; c++) _mm256_storeu_ps(o + c * 8, _mm256_mul_ps(acc[c], inv));
-        }
-    }
-    free(pm), free(pl), free(pacc);
-    return 0;
+    return cascade_decode(q, q_stride, kc, vc, P, block_ptr, piece_blocks, piece_len, row_ptr, piece_rows, slot_ptr,
+                          row_slots, out, B, Hq, Hkv, D, bs, scale, num_threads);
 }
 
 /* ---- Causal prefill attention over a float32 paged KV cache ----------------------------------
@@ -463,21 +436,7 @@ static inline float prefill_softmax(float* s, int64_t vis, float* m, float* l) {
         _mm256_store_ps(s + j, sv);
         vmax = _mm256_max_ps(sv, vmax); /* NaN in sv: vmax (the second operand) */
     }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float mt = _mm_cvtss_f32(h), mn = mt > *m ? mt : *m;
-    const float alpha = mn == -INFINITY ? 1.0f : expf(*m - mn);
-    const __m256 vm = _mm256_set1_ps(mn);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < PF_KT; j += 8) { /* masked lanes: e^(-inf) = 0 */
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
-        _mm256_store_ps(s + j, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    *l = *l * alpha + hsum8(sum);
-    *m = mn;
-    return alpha;
+    return softmax_step(s, PF_KT, hmax8(vmax), m, l);
 }
 
 /* o[r] = o[r] * alpha[r] + sum_j p[r][j] * v_j over the tile's first n keys, R rows. */
@@ -602,129 +561,62 @@ int64_t parrot_paged_prefill_f32(const float* q, int64_t q_stride, const float* 
     return failed;
 }
 
-/* ---- Fused elementwise steps of a float32 decoder layer (ops.py; float32 has no rounding points
- * between the ops, so each is one pass over its rows where torch makes several) --------------- */
+/* ---- The elementwise steps of a float32 decoder layer (csrc/elementwise.h; ops.py) -------------- */
+#include "csrc/elementwise.h"
 
 /* out = w * (r * rsqrt(mean(r^2) + eps)), r = x (+ delta, written to resid). D % 8 == 0. */
 void parrot_rmsnorm_f32(const float* x, const float* delta, float* resid, const float* w, float* out, int64_t N,
                         int64_t D, float eps, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const float* r = delta ? resid + n * D : x + n * D;
-        __m256 ss = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-            __m256 v = _mm256_loadu_ps(x + n * D + d);
-            if (delta) {
-                v = _mm256_add_ps(v, _mm256_loadu_ps(delta + n * D + d));
-                _mm256_storeu_ps(resid + n * D + d, v);
-            }
-            ss = _mm256_fmadd_ps(v, v, ss);
-        }
-        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)D + eps));
-        for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(out + n * D + d,
-                             _mm256_mul_ps(_mm256_loadu_ps(w + d), _mm256_mul_ps(_mm256_loadu_ps(r + d), inv)));
-    }
+    rmsnorm_rows(x, delta, resid, w, out, N, D, eps, num_threads);
 }
 
 /* In place on x [N, H, D] (rows x_stride apart): x = x * c + rotate_half(x) * s with c, s the tables'
  * rows at each position: the reference's operations (two products, one sum: its bits). D % 16 == 0. */
 void parrot_rope_f32(float* x, int64_t x_stride, int64_t N, int64_t H, int64_t D, const float* cos_table,
                      const float* sin_table, const int64_t* positions, int num_threads) {
-    const int64_t half = D / 2;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const float* ct = cos_table + positions[n] * D;
-        const float* st = sin_table + positions[n] * D;
-        for (int64_t h = 0; h < H; h++) {
-            float* xh = x + n * x_stride + h * D;
-            for (int64_t d = 0; d < half; d += 8) {
-                const __m256 lo = _mm256_loadu_ps(xh + d), hi = _mm256_loadu_ps(xh + half + d);
-                const __m256 neg_hi = _mm256_sub_ps(_mm256_setzero_ps(), hi);
-                const __m256 a = _mm256_add_ps(_mm256_mul_ps(lo, _mm256_loadu_ps(ct + d)),
-                                               _mm256_mul_ps(neg_hi, _mm256_loadu_ps(st + d)));
-                const __m256 b = _mm256_add_ps(_mm256_mul_ps(hi, _mm256_loadu_ps(ct + half + d)),
-                                               _mm256_mul_ps(lo, _mm256_loadu_ps(st + half + d)));
-                _mm256_storeu_ps(xh + d, a);
-                _mm256_storeu_ps(xh + half + d, b);
-            }
-        }
-    }
+    rope_rows(x, x_stride, N, H, D, cos_table, sin_table, positions, num_threads);
 }
 
 /* out [N, I] = silu(g) * u = g / (1 + e^-g) * u, where gu [N, 2I] = [g | u]. I % 8 == 0. */
 void parrot_silu_mul_f32(const float* gu, float* out, int64_t N, int64_t I, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const float* g = gu + n * 2 * I;
-        const float* u = g + I;
-        for (int64_t i = 0; i < I; i += 8) {
-            const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            _mm256_storeu_ps(out + n * I + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-        }
-    }
+    silu_mul_rows(gu, out, N, I, num_threads);
 }
 
-/* ---- A whole decoder layer of a decode step in one call (fused_f32.py) ---------------------------
- * The per-op float32 path's kernels in its order, with its buffers' layouts, so the outputs are
- * its bits: qkv = h @ Wqkv (+ bias); RoPE on the q and k heads in place; the rows' K and V copied
- * to their cache slots; attention on the cascade kernel over the step's pieces; x' = x + attn @ Wo,
- * h' = norm(x'); x'' = x' + down(silu(gate) * up); h'' = next_norm(x''). Saves the ~10 Python and
- * ctypes calls and the tensor allocations per layer of the per-op path. */
-enum { FL_QKV = 0, FL_O = 4, FL_GATE_UP = 8, FL_DOWN = 12, FL_POST_NORM = 16 };  /* layer: kind, qs, scales, bias */
-enum {
-    FS_N, FS_HIDDEN, FS_HQ, FS_HKV, FS_D, FS_INTER, FS_SLOTS, FS_POSITIONS, FS_COS, FS_SIN, FS_K, FS_V,
-    FS_LAYER_STRIDE, FS_BS, FS_PIECES, FS_BLOCK_PTR, FS_BLOCKS, FS_LENS, FS_ROW_PTR, FS_ROWS, FS_SLOT_PTR,
-    FS_ROW_SLOTS, FS_SCRATCH, FS_THREADS
-};
+/* ---- A whole decoder layer of a decode step in one call (fused_f32.py; csrc/decoder_layer.h) ------
+ * Attention on the cascade kernel over the step's pieces. Saves the ~10 Python and ctypes calls
+ * and the tensor allocations per layer of the per-op path. The layer descriptor: int64 [17], per
+ * linear (QKV, O, gate/up, down) its kind (0 Q4_1, 1 Q8_0), codes, scales and bias (or 0), then the
+ * post-attention norm's weight. */
+#include "csrc/decoder_layer.h"
 
-static void block_linear_kind(const int64_t* lin, const float* x, int64_t ldx, float* y, int64_t M, int64_t N,
-                              int64_t K, int threads) {
-    const float* bias = (const float*)lin[3];
-    if (lin[0] == 0) parrot_linear_q4_1(x, ldx, (const uint8_t*)lin[1], (const float*)lin[2], bias, y, M, N, K, threads);
-    else parrot_linear_q8_0(x, ldx, (const int8_t*)lin[1], (const float*)lin[2], bias, y, M, N, K, threads);
+enum { FL_LINEAR_SIZE = 4, FL_POST_NORM = 16 };
+/* The step descriptor's attention slots, after the shared ones: the step's pieces (CascadePieces). */
+enum { ST_PIECES = ST_ATTENTION, ST_BLOCK_PTR, ST_BLOCKS, ST_LENS, ST_ROW_PTR, ST_ROWS_OF_PIECES, ST_SLOT_PTR,
+       ST_ROW_SLOTS };
+
+static void layer_linear(const int64_t* layer, int which, const float* x, int64_t ldx, float* y, int64_t M, int64_t N,
+                         int64_t K, int threads) {
+    const int64_t* lin = layer + which * FL_LINEAR_SIZE;
+    const float* bias = PTR(const float*, lin[3]);
+    if (lin[0] == 0) parrot_linear_q4_1(x, ldx, PTR(const uint8_t*, lin[1]), PTR(const float*, lin[2]), bias, y, M, N, K, threads);
+    else parrot_linear_q8_0(x, ldx, PTR(const int8_t*, lin[1]), PTR(const float*, lin[2]), bias, y, M, N, K, threads);
 }
 
-/* layer: int64 [20] (FL_*: each linear's kind (0 Q4_1, 1 Q8_0), codes, scales, bias or 0; then the
- * post-attention norm's weight); step: int64 [FS_*] (scratch: n * (W + Hq*D + 3*hidden + 3*inter)
- * floats, W = (Hq + 2 Hkv) * D). Returns 0, or the attention's failed work items (out of memory). */
+static int64_t layer_attention(const int64_t* step, const float* qkv, int64_t W, float* kc, float* vc, float* attn,
+                               float scale, int threads) {
+    return parrot_cascade_decode_f32(
+        qkv, W, kc, vc, step[ST_PIECES], PTR(const int64_t*, step[ST_BLOCK_PTR]), PTR(const int64_t*, step[ST_BLOCKS]),
+        PTR(const int64_t*, step[ST_LENS]), PTR(const int64_t*, step[ST_ROW_PTR]),
+        PTR(const int64_t*, step[ST_ROWS_OF_PIECES]), PTR(const int64_t*, step[ST_SLOT_PTR]),
+        PTR(const int64_t*, step[ST_ROW_SLOTS]), attn, step[ST_ROWS], step[ST_HQ], step[ST_HKV], step[ST_HEAD_DIM],
+        step[ST_BLOCK_SIZE], scale, threads);
+}
+
+/* The bf16 layer's arguments (cpu_kernels.c) over float32 rows. Returns 0, or the attention's
+ * failed work items (out of memory). */
 int64_t parrot_decoder_layer_f32(const int64_t* layer, const int64_t* step, int64_t idx, const float* x,
                                  const float* h, const float* next_w, float* x_out, float* h_out, float eps1,
                                  float eps2, float scale) {
-    const int64_t n = step[FS_N], hidden = step[FS_HIDDEN], Hq = step[FS_HQ], Hkv = step[FS_HKV], D = step[FS_D];
-    const int64_t inter = step[FS_INTER], W = (Hq + 2 * Hkv) * D;
-    const int threads = (int)step[FS_THREADS];
-    float* qkv = (float*)step[FS_SCRATCH];
-    float* attn = qkv + n * W;
-    float* delta = attn + n * Hq * D;
-    float* mid = delta + n * hidden;
-    float* normed = mid + n * hidden;
-    float* gu = normed + n * hidden;
-    float* act = gu + n * 2 * inter;
-    block_linear_kind(layer + FL_QKV, h, hidden, qkv, n, W, hidden, threads);
-    parrot_rope_f32(qkv, W, n, Hq + Hkv, D, (const float*)step[FS_COS], (const float*)step[FS_SIN],
-                    (const int64_t*)step[FS_POSITIONS], threads);
-    float* kc = (float*)step[FS_K] + idx * step[FS_LAYER_STRIDE];
-    float* vc = (float*)step[FS_V] + idx * step[FS_LAYER_STRIDE];
-    const int64_t* slots = (const int64_t*)step[FS_SLOTS];
-    const int64_t kv = Hkv * D;
-    for (int64_t r = 0; r < n; r++) {
-        const float* src = qkv + r * W + Hq * D;
-        for (int64_t c = 0; c < kv; c++) kc[slots[r] * kv + c] = src[c], vc[slots[r] * kv + c] = src[kv + c];
-    }
-    const int64_t failed = parrot_cascade_decode_f32(
-        qkv, W, kc, vc, step[FS_PIECES], (const int64_t*)step[FS_BLOCK_PTR], (const int64_t*)step[FS_BLOCKS],
-        (const int64_t*)step[FS_LENS], (const int64_t*)step[FS_ROW_PTR], (const int64_t*)step[FS_ROWS],
-        (const int64_t*)step[FS_SLOT_PTR], (const int64_t*)step[FS_ROW_SLOTS], attn, n, Hq, Hkv, D, step[FS_BS],
-        scale, threads);
-    if (failed) return failed;
-    block_linear_kind(layer + FL_O, attn, Hq * D, delta, n, hidden, Hq * D, threads);
-    parrot_rmsnorm_f32(x, delta, mid, (const float*)layer[FL_POST_NORM], normed, n, hidden, eps1, threads);
-    block_linear_kind(layer + FL_GATE_UP, normed, hidden, gu, n, 2 * inter, hidden, threads);
-    parrot_silu_mul_f32(gu, act, n, inter, threads);
-    block_linear_kind(layer + FL_DOWN, act, inter, delta, n, hidden, inter, threads);
-    parrot_rmsnorm_f32(mid, delta, x_out, next_w, h_out, n, hidden, eps2, threads);
-    return 0;
+    return decoder_layer(layer, step, idx, x, h, PTR(const float*, layer[FL_POST_NORM]), next_w, x_out, h_out, eps1,
+                         eps2, scale);
 }

@@ -20,6 +20,15 @@
  *
  * Built at first use by parrot/engine/kernels/library.py (gcc -O3 -fopenmp); it links the OpenMP
  * runtime torch already loaded, and takes its thread count from torch.
+ *
+ * One source with block_kernels.c (the float32 library, AVX2) where the algorithm is the same:
+ * csrc/ holds e^x, the elementwise steps, the cascade's driver and merge and the decoder
+ * layer's sequence (parrot_decoder_layer), written over vector operations (csrc/vec_avx512.h here)
+ * and this library's bf16 activations (act_t below). Written here alone, because the arithmetic
+ * differs and tests pin each library's bits: the linears (vdpbf16ps dot products over bf16 weights,
+ * VNNI-packed or AMX tiles; the float32 library rebuilds GGUF blocks), the attention tiles (bf16
+ * pair dot products over 64-key tiles with bf16 weights, and the AMX tiles; float32: FMAs over
+ * 32-key tiles) and their horizontal sums (reduce16's transposing tree against hadd's).
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -28,6 +37,9 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "csrc/vec_avx512.h"
+#include "csrc/exp.h"
 
 #define ROWS 4          /* weight rows per block: one pass over them serves every input row */
 #define PREFETCH 256    /* elements ahead of the loads */
@@ -45,6 +57,23 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, like tor
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+
+static inline __m512 load_bf16x16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+static inline __m512 round_bf16(__m512 v) { /* fp32 -> nearest bf16 -> fp32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+static inline void store_bf16x16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+
+/* This library's activations for the shared kernels (csrc/elementwise.h, cascade.h,
+ * decoder_layer.h): bf16, 16 to a vector, rounded to nearest even where stored. */
+typedef uint16_t act_t;
+#define act_load load_bf16x16
+#define act_store store_bf16x16
+#define act_round round_bf16
 
 #define DEFINE_BLOCK(MM)                                                                             \
     static inline void block_##MM(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K,      \
@@ -319,27 +348,6 @@ void parrot_linear_amx(const uint16_t* x, int64_t ldx, const uint16_t* wp, const
 /* ---- Attention over the paged KV cache: shared helpers ---------------------------------------
  * Every kernel below reads K/V in place from the paged cache through block tables (no gather
  * copy); scores and softmax in fp32. */
-static inline __m512 exp512(__m512 x) { /* e^x, ~1 ulp in fp32 (Cephes polynomial, scalef) */
-    /* clamp; operand order keeps NaN (min/max return the second operand when one is NaN) */
-    x = _mm512_max_ps(_mm512_set1_ps(-103.0f), _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 load_bf16x16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
 
@@ -381,7 +389,7 @@ static inline float exp_sum(float* s, int64_t L, float m) {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < L; t += 16) {
-        __m512 e = _mm512_maskz_mov_ps(live_lanes(L - t), exp512(_mm512_sub_ps(_mm512_load_ps(s + t), vm)));
+        __m512 e = _mm512_maskz_mov_ps(live_lanes(L - t), vf_exp(_mm512_sub_ps(_mm512_load_ps(s + t), vm)));
         _mm512_store_ps(s + t, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -560,14 +568,14 @@ static inline void softmax_tile(RowState st, int64_t NR) {
         }
         st.nan[r] |= nan != 0;
         const float mt = _mm512_reduce_max_ps(mx), mn = mt > st.m[r] ? mt : st.m[r];
-        st.alpha[r] = mn == -INFINITY ? 1.0f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(st.m[r] - mn)));
+        st.alpha[r] = mn == -INFINITY ? 1.0f : _mm512_cvtss_f32(vf_exp(_mm512_set1_ps(st.m[r] - mn)));
         st.m[r] = mn;
         const __m512 vm = _mm512_set1_ps(mn);
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < 4; j++) {
             const __m512 v = _mm512_loadu_ps(sr + 16 * j);
             const __mmask16 live = _mm512_cmp_ps_mask(v, ninf, _CMP_NEQ_UQ);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(v, vm)));
+            const __m512 e = _mm512_maskz_mov_ps(live, vf_exp(_mm512_sub_ps(v, vm)));
             _mm256_storeu_si256((__m256i*)(st.w + r * PA_KT + 16 * j), (__m256i)_mm512_cvtneps_pbh(e));
             sum = _mm512_add_ps(sum, e);
         }
@@ -772,15 +780,15 @@ static inline __attribute__((always_inline)) void attend_block_amx(AmxBlock b, c
     *b.nan |= nan;
     const __m512 m = _mm512_load_ps(b.m), mn = _mm512_max_ps(m, mx);
     const __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), _mm512_cmp_ps_mask(mn, ninf, _CMP_NEQ_UQ),
-                                            exp512(_mm512_sub_ps(m, mn)));
+                                            vf_exp(_mm512_sub_ps(m, mn)));
     _mm512_store_ps(b.m, mn);
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 acc[16]; /* the sum's order (attend_rows_amx's too): acc[i] = keys i, 16+i, 32+i, 48+i; then a tree */
     for (int64_t k = 0; k < PA_KT; k += 2) {
         const __m512 s0 = _mm512_load_ps(st + 16 * k), s1 = _mm512_load_ps(st + 16 * (k + 1));
-        const __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, ninf, _CMP_NEQ_UQ), exp512(_mm512_sub_ps(s0, mn)));
-        const __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, ninf, _CMP_NEQ_UQ), exp512(_mm512_sub_ps(s1, mn)));
+        const __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, ninf, _CMP_NEQ_UQ), vf_exp(_mm512_sub_ps(s0, mn)));
+        const __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, ninf, _CMP_NEQ_UQ), vf_exp(_mm512_sub_ps(s1, mn)));
         acc[k % 16] = k < 16 ? e0 : _mm512_add_ps(acc[k % 16], e0);
         acc[k % 16 + 1] = k < 16 ? e1 : _mm512_add_ps(acc[k % 16 + 1], e1);
         _mm512_store_si512(wt + k * 16, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(e1, e0)));
@@ -838,11 +846,11 @@ static inline __attribute__((always_inline)) void attend_rows_amx(const uint16_t
         nan[g] |= bad != 0;
         const __m512 mn = _mm512_max_ps(_mm512_set1_ps(m[g]), _mm512_set1_ps(_mm512_reduce_max_ps(mx)));
         const __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), _mm512_cmp_ps_mask(mn, ninf, _CMP_NEQ_UQ),
-                                                exp512(_mm512_sub_ps(_mm512_set1_ps(m[g]), mn)));
+                                                vf_exp(_mm512_sub_ps(_mm512_set1_ps(m[g]), mn)));
         m[g] = _mm512_cvtss_f32(mn);
         __m512 acc = _mm512_setzero_ps();
         for (int64_t j = 0; j < 4; j++) {
-            const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(sv[j], ninf, _CMP_NEQ_UQ), exp512(_mm512_sub_ps(sv[j], mn)));
+            const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(sv[j], ninf, _CMP_NEQ_UQ), vf_exp(_mm512_sub_ps(sv[j], mn)));
             acc = j == 0 ? e : _mm512_add_ps(acc, e);
             _mm256_store_si256((__m256i*)(w + g * PA_KT + 16 * j), (__m256i)_mm512_cvtneps_pbh(e));
         }
@@ -1174,11 +1182,11 @@ int64_t parrot_paged_prefill(const uint16_t* q, int64_t q_stride, const uint16_t
 }
 
 /* ---- Shared-prefix (cascade) decode attention ------------------------------------------------
- * The step's decode rows split their KV into pieces: a shared prefix (a segment) attended once for
- * all the rows that share it, and each row's private tail. Work item = (piece, KV head): the piece's
- * K/V rows are read once for its R rows x G query heads (16 tokens per score vector, as above), and
- * it leaves per (row, query head) a partial softmax: max m, sum l of e^(s - m), and the unnormalized
- * sum of e^(s - m) v. A second pass merges each row's partials (log-sum-exp rescaling, fp32). */
+ * The driver and the merge of partials are csrc/cascade.h (shared with block_kernels.c). A work
+ * item here reads the piece's K/V rows once for its R rows x G query heads in three passes: every
+ * score (16 tokens per score vector, as above), then e^(s - m) and its sum, then the weighted V
+ * (a V tile at a time). block_kernels.c's work item is an online softmax over 32-key tiles instead:
+ * its own arithmetic, pinned by its own tests. */
 #define V_TILE 64 /* tokens whose V rows stay in L1 while every row of the piece reads them */
 
 static inline __attribute__((always_inline)) int64_t piece_task(
@@ -1240,66 +1248,30 @@ static inline __attribute__((always_inline)) int64_t piece_task(
     return 0;
 }
 
-/* Pieces p = 0..P-1: tokens piece_len[p] through blocks piece_blocks[block_ptr[p] ..], read by rows
- * piece_rows[row_ptr[p] .. row_ptr[p + 1]); slot row_ptr[p] + i holds row i's partials. Row b's
- * slots: row_slots[slot_ptr[b] .. slot_ptr[b + 1]). q: [B, Hq, D] rows q_stride apart; out: [B, Hq * D].
- * Returns the work items that could not allocate (the caller raises). */
+/* One work item of cascade_decode (csrc/cascade.h), the head shape a constant where it is common. */
+static int64_t cascade_piece(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
+                             const int64_t* blocks, int64_t L, const int64_t* rows, int64_t R, float* pm, float* pl,
+                             float* pacc, int64_t h, int64_t Hkv, int64_t bs, float scale, int64_t G, int64_t D) {
+#define PIECE_TASK(GG, DD) piece_task(q, q_stride, kc, vc, blocks, L, rows, R, pm, pl, pacc, h, Hkv, bs, scale, GG, DD)
+    return WITH_HEAD_SHAPE(G, D, PIECE_TASK);
+#undef PIECE_TASK
+}
+
+/* A partial's weight in the merge: a NaN score leaves a NaN max (piece_task), and any NaN max makes
+ * the whole row NaN, as in SDPA. */
+static inline float merge_weight(float ms, float m, int any_nan) { return any_nan ? NAN : expf(ms - m); }
+
+#include "csrc/cascade.h"
+
+/* The pieces, rows and slots of csrc/cascade.h; returns the work items that could not allocate
+ * (the caller raises). */
 int64_t parrot_cascade_decode(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
                               int64_t P, const int64_t* block_ptr, const int64_t* piece_blocks,
                               const int64_t* piece_len, const int64_t* row_ptr, const int64_t* piece_rows,
                               const int64_t* slot_ptr, const int64_t* row_slots, uint16_t* out, int64_t B,
                               int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, int num_threads) {
-    const int64_t G = Hq / Hkv, S = row_ptr[P];
-    float* pm = malloc((size_t)(S * Hq * 4));
-    float* pl = malloc((size_t)(S * Hq * 4));
-    float* pacc = malloc((size_t)(S * Hq * D * 4));
-    if (pm == NULL || pl == NULL || pacc == NULL) {
-        free(pm), free(pl), free(pacc);
-        return P * Hkv;
-    }
-    int64_t failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-#pragma omp for schedule(dynamic, 1) reduction(+ : failed)
-        for (int64_t task = 0; task < P * Hkv; task++) {
-            const int64_t p = task / Hkv, h = task % Hkv, first = row_ptr[p];
-#define PIECE_TASK(GG, DD)                                                                                   \
-    piece_task(q, q_stride, kc, vc, piece_blocks + block_ptr[p], piece_len[p], piece_rows + first,           \
-               row_ptr[p + 1] - first, pm + first * Hq, pl + first * Hq, pacc + first * Hq * D, h, Hkv, bs, \
-               scale, GG, DD)
-            failed += WITH_HEAD_SHAPE(G, D, PIECE_TASK);
-#undef PIECE_TASK
-        }
-        if (failed == 0) {
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < B * Hq; bh++) { /* merge each row's partials, per query head */
-                const int64_t b = bh / Hq, hq = bh % Hq;
-                float m = -INFINITY;
-                int any_nan = 0;
-                for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
-                    const float ms = pm[row_slots[k] * Hq + hq];
-                    any_nan |= isnan(ms);
-                    if (ms > m) m = ms;
-                }
-                __m512 acc[MAX_HEAD_DIM / 16];
-                for (int64_t c = 0; c < D / 16; c++) acc[c] = _mm512_setzero_ps();
-                float l = 0.0f;
-                for (int64_t k = slot_ptr[b]; k < slot_ptr[b + 1]; k++) {
-                    const int64_t slot = row_slots[k] * Hq + hq;
-                    const float w = any_nan ? NAN : expf(pm[slot] - m);
-                    l += w * pl[slot];
-                    for (int64_t c = 0; c < D / 16; c++)
-                        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(pacc + slot * D + c * 16), acc[c]);
-                }
-                uint16_t* o = out + b * Hq * D + hq * D;
-                for (int64_t c = 0; c < D / 16; c++)
-                    _mm256_storeu_si256((__m256i*)(o + c * 16),
-                                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], _mm512_set1_ps(1.0f / l))));
-            }
-        }
-    }
-    free(pm), free(pl), free(pacc);
-    return failed;
+    return cascade_decode(q, q_stride, kc, vc, P, block_ptr, piece_blocks, piece_len, row_ptr, piece_rows, slot_ptr,
+                          row_slots, out, B, Hq, Hkv, D, bs, scale, num_threads);
 }
 
 /* ---- Greedy choice and log-normalizer of bf16 logits ----------------------------------------
@@ -1328,7 +1300,7 @@ void parrot_argmax_logsumexp(const uint16_t* logits, int64_t B, int64_t V, int64
             continue;
         }
         __m512 m = _mm512_set1_ps(best), sum = _mm512_setzero_ps();
-        for (v = 0; v + 16 <= V; v += 16) sum = _mm512_add_ps(sum, exp512(_mm512_sub_ps(load_bf16x16(row + v), m)));
+        for (v = 0; v + 16 <= V; v += 16) sum = _mm512_add_ps(sum, vf_exp(_mm512_sub_ps(load_bf16x16(row + v), m)));
         float s = _mm512_reduce_add_ps(sum);
         for (int64_t t = v; t < V; t++) s += expf(bf16_to_f32(row[t]) - best);
         argmax[b] = best_i;
@@ -1336,154 +1308,74 @@ void parrot_argmax_logsumexp(const uint16_t* logits, int64_t B, int64_t V, int64
     }
 }
 
-/* ---- Fused elementwise steps, rounding exactly where the reference (torch, bf16) rounds ----- */
-static inline __m512 round_bf16(__m512 v) { /* fp32 -> nearest bf16 -> fp32 */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
+/* ---- The elementwise steps (csrc/elementwise.h), rounding where the torch reference (bf16) rounds */
+#include "csrc/elementwise.h"
 
-static inline void store_bf16x16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
-
-/* out = w * bf16(r * rsqrt(mean(r^2) + eps)), r = x (+ delta, rounded and written to resid).
- * D % 16 == 0. Matches: h = r.float(); h * rsqrt(h.pow(2).mean(-1) + eps); w * h.to(bf16). */
+/* out = w * bf16(r * rsqrt(mean(r^2) + eps)), r = x (+ delta, rounded and written to resid). D % 16 == 0. */
 void parrot_rmsnorm(const uint16_t* x, const uint16_t* delta, uint16_t* resid, const uint16_t* w, uint16_t* out,
                     int64_t N, int64_t D, float eps, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const uint16_t* xr = x + n * D;
-        __m512 ss = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 v = load_bf16x16(xr + d);
-            if (delta) {
-                v = round_bf16(_mm512_add_ps(v, load_bf16x16(delta + n * D + d)));
-                store_bf16x16(resid + n * D + d, v);
-            }
-            ss = _mm512_fmadd_ps(v, v, ss);
-        }
-        const uint16_t* r = delta ? resid + n * D : xr;
-        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)D + eps);
-        __m512 vinv = _mm512_set1_ps(inv);
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 h = round_bf16(_mm512_mul_ps(load_bf16x16(r + d), vinv));
-            store_bf16x16(out + n * D + d, _mm512_mul_ps(load_bf16x16(w + d), h));
-        }
-    }
+    rmsnorm_rows(x, delta, resid, w, out, N, D, eps, num_threads);
 }
 
-/* In place on x [N, H, D] (rows x_stride apart): x = bf16(x * c) + bf16(rotate_half(x) * s), rounded,
- * with c, s = the fp32 tables at each row's position rounded to bf16 (as torch does). D % 32 == 0. */
+/* In place on x [N, H, D] (rows x_stride apart): RoPE at each row's position. D % 32 == 0. */
 void parrot_rope(uint16_t* x, int64_t x_stride, int64_t N, int64_t H, int64_t D, const float* cos_table,
                  const float* sin_table, const int64_t* positions, int num_threads) {
-    const int64_t half = D / 2;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const float* ct = cos_table + positions[n] * D;
-        const float* st = sin_table + positions[n] * D;
-        for (int64_t h = 0; h < H; h++) {
-            uint16_t* xh = x + n * x_stride + h * D;
-            for (int64_t d = 0; d < half; d += 16) {
-                __m512 lo = load_bf16x16(xh + d), hi = load_bf16x16(xh + half + d);
-                __m512 c0 = round_bf16(_mm512_loadu_ps(ct + d)), s0 = round_bf16(_mm512_loadu_ps(st + d));
-                __m512 c1 = round_bf16(_mm512_loadu_ps(ct + half + d)), s1 = round_bf16(_mm512_loadu_ps(st + half + d));
-                /* first half: lo * c0 + (-hi) * s0; second half: hi * c1 + lo * s1 */
-                __m512 a = _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, c0)),
-                                         round_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), hi), s0)));
-                __m512 b = _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, c1)), round_bf16(_mm512_mul_ps(lo, s1)));
-                store_bf16x16(xh + d, a);
-                store_bf16x16(xh + half + d, b);
-            }
-        }
-    }
+    rope_rows(x, x_stride, N, H, D, cos_table, sin_table, positions, num_threads);
 }
 
 /* out [N, I] = bf16(silu(g)) * u, rounded, where gu [N, 2I] = [g | u]. I % 16 == 0. */
 void parrot_silu_mul(const uint16_t* gu, uint16_t* out, int64_t N, int64_t I, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (N > 8)
-    for (int64_t n = 0; n < N; n++) {
-        const uint16_t* g = gu + n * 2 * I;
-        const uint16_t* u = g + I;
-        for (int64_t i = 0; i < I; i += 16) {
-            __m512 gv = load_bf16x16(g + i);
-            __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            __m512 s = round_bf16(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-            store_bf16x16(out + n * I + i, _mm512_mul_ps(s, load_bf16x16(u + i)));
-        }
-    }
+    silu_mul_rows(gu, out, N, I, num_threads);
 }
 
-/* ---- One decoder layer in one call (kernels/fused.py) -----------------------------------------
- * The layer of parrot.engine.model.llama.DecoderLayer for a step whose rows attend through the
- * paged kernels above (`NativeRows` of fused.py), composed from the kernels above in the order and with the rounding points
- * of the per-op native path (so its bits are that path's): QKV linear, RoPE on the q and k heads in
- * place, the new K/V rows written to their cache slots, paged attention (decode rows one by one,
- * prefill chunks on parrot_paged_prefill), O linear,
- * residual add + post-attention RMSNorm, gate/up linear, SiLU*up, down linear, residual add + the
- * next norm. One ctypes call: Python marshals once per layer, and the GIL is released throughout.
- * `layer` and `step` are int64 arrays whose slots are named below (fused.py fills them). */
+/* ---- One decoder layer in one call (kernels/fused.py; the sequence is csrc/decoder_layer.h) ----
+ * For a step whose rows attend through the paged kernels above (`NativeRows` of fused.py): decode
+ * rows one by one (parrot_paged_decode), then prefill chunks (parrot_paged_prefill). The layer
+ * descriptor (int64, LY_*: fused.py fills it) names the weights and the linear kernel. */
+#include "csrc/decoder_layer.h"
+
 enum { LY_QKV, LY_QKV_BIAS, LY_O, LY_GATE_UP, LY_DOWN, LY_POST_NORM, LY_LINEAR_KIND, LY_SIZE };
 enum { LINEAR_VNNI, LINEAR_DOT, LINEAR_AMX }; /* weights packed by pack_vnni, the bf16 weights, or packed by pack_amx */
-enum {
-    ST_ROWS, ST_HIDDEN, ST_HQ, ST_HKV, ST_HEAD_DIM, ST_INTER, ST_SLOTS, ST_TABLES, ST_MAX_BLOCKS, ST_LENS,
-    ST_POSITIONS, ST_COS, ST_SIN, ST_K_CACHE, ST_V_CACHE, ST_LAYER_STRIDE, ST_BLOCK_SIZE, ST_SCRATCH,
-    ST_THREADS, ST_PER_ROW, ST_CHUNKS, ST_NUM_CHUNKS, ST_PACK, ST_SIZE
-};
+/* The step descriptor's attention slots, after the shared ones. */
+enum { ST_TABLES = ST_ATTENTION, ST_MAX_BLOCKS, ST_LENS, ST_PER_ROW, ST_CHUNKS, ST_NUM_CHUNKS, ST_PACK, ST_SIZE };
 
-static void fused_linear(int64_t kind, const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* bias,
-                         uint16_t* y, int64_t M, int64_t N, int64_t K, int threads) {
+static void layer_linear(const int64_t* layer, int which, const uint16_t* x, int64_t ldx, uint16_t* y, int64_t M,
+                         int64_t N, int64_t K, int threads) {
+    static const int weight_slot[] = {[LINEAR_QKV] = LY_QKV, [LINEAR_O] = LY_O, [LINEAR_GATE_UP] = LY_GATE_UP,
+                                      [LINEAR_DOWN] = LY_DOWN};
+    const uint16_t* w = PTR(const uint16_t*, layer[weight_slot[which]]);
+    const uint16_t* bias = which == LINEAR_QKV ? PTR(const uint16_t*, layer[LY_QKV_BIAS]) : NULL;
+    const int64_t kind = layer[LY_LINEAR_KIND];
     if (kind == LINEAR_AMX) parrot_linear_amx(x, ldx, w, bias, y, M, N, K, threads);
     else if (kind == LINEAR_VNNI) parrot_linear_vnni(x, ldx, w, bias, y, M, N, K, threads);
     else parrot_linear_bf16(x, ldx, w, bias, y, M, N, K, threads);
 }
 
-#define PTR(type, v) ((type)(intptr_t)(v))
-
-/* x, h: the residual stream and input_norm(x), [N, hidden]; next_norm: the next layer's input norm
- * (or the final norm) weight. Writes the new residual to x_out and next_norm of it to h_out. The
- * step's scratch holds N rows of qkv, attention, residual, normed, gate/up, act and delta. Returns
- * the attention work items that could not allocate (0 on success; the caller raises). */
-int64_t parrot_decoder_layer(const int64_t* layer, const int64_t* step, int64_t layer_idx, const uint16_t* x,
-                             const uint16_t* h, const uint16_t* next_norm, uint16_t* x_out, uint16_t* h_out,
-                             float post_eps, float next_eps, float scale) {
-    const int64_t N = step[ST_ROWS], Dm = step[ST_HIDDEN], Hq = step[ST_HQ], Hkv = step[ST_HKV];
-    const int64_t D = step[ST_HEAD_DIM], I = step[ST_INTER], kind = layer[LY_LINEAR_KIND];
-    const int threads = (int)step[ST_THREADS];
-    const int64_t q_dim = Hq * D, kv_dim = Hkv * D, W = q_dim + 2 * kv_dim;
-    uint16_t* qkv = PTR(uint16_t*, step[ST_SCRATCH]);
-    uint16_t* attn = qkv + N * W;
-    uint16_t* resid = attn + N * q_dim;
-    uint16_t* normed = resid + N * Dm;
-    uint16_t* gate_up = normed + N * Dm;
-    uint16_t* act = gate_up + N * 2 * I;
-    uint16_t* delta = act + N * I;
-    fused_linear(kind, h, Dm, PTR(const uint16_t*, layer[LY_QKV]), PTR(const uint16_t*, layer[LY_QKV_BIAS]), qkv, N,
-                 W, Dm, threads);
-    parrot_rope(qkv, W, N, Hq + Hkv, D, PTR(const float*, step[ST_COS]), PTR(const float*, step[ST_SIN]),
-                PTR(const int64_t*, step[ST_POSITIONS]), threads);
-    uint16_t* kc = PTR(uint16_t*, step[ST_K_CACHE]) + layer_idx * step[ST_LAYER_STRIDE];
-    uint16_t* vc = PTR(uint16_t*, step[ST_V_CACHE]) + layer_idx * step[ST_LAYER_STRIDE];
-    const int64_t* slots = PTR(const int64_t*, step[ST_SLOTS]);
-    for (int64_t n = 0; n < N; n++) { /* the cache write: the rows' K and V to their flat slots */
-        memcpy(kc + slots[n] * kv_dim, qkv + n * W + q_dim, (size_t)kv_dim * 2);
-        memcpy(vc + slots[n] * kv_dim, qkv + n * W + q_dim + kv_dim, (size_t)kv_dim * 2);
-    }
-    /* attention: rows [0, ST_PER_ROW) one by one, then each prefill chunk (first row, rows, tokens) */
+/* Rows [0, ST_PER_ROW) one by one, then each prefill chunk (first row, rows, tokens). */
+static int64_t layer_attention(const int64_t* step, const uint16_t* qkv, int64_t W, uint16_t* kc, uint16_t* vc,
+                               uint16_t* attn, float scale, int threads) {
+    const int64_t Hq = step[ST_HQ], Hkv = step[ST_HKV], D = step[ST_HEAD_DIM], bs = step[ST_BLOCK_SIZE];
     const int64_t* tables = PTR(const int64_t*, step[ST_TABLES]);
-    const int64_t max_blocks = step[ST_MAX_BLOCKS], bs = step[ST_BLOCK_SIZE], per_row = step[ST_PER_ROW];
+    const int64_t max_blocks = step[ST_MAX_BLOCKS];
     int64_t failed = parrot_paged_decode(qkv, W, kc, vc, tables, max_blocks, PTR(const int64_t*, step[ST_LENS]), attn,
-                                         per_row, Hq, Hkv, D, bs, scale, threads);
+                                         step[ST_PER_ROW], Hq, Hkv, D, bs, scale, threads);
     const int64_t* chunks = PTR(const int64_t*, step[ST_CHUNKS]);
     uint16_t* kpack = PTR(uint16_t*, step[ST_PACK]);
     for (int64_t c = 0; c < step[ST_NUM_CHUNKS] && !failed; c++) {
         const int64_t first = chunks[3 * c], T = chunks[3 * c + 1], S = chunks[3 * c + 2];
         uint16_t* vpack = kpack + Hkv * ((S + PA_KT - 1) / PA_KT) * PA_KT * D;
         failed = parrot_paged_prefill(qkv + first * W, W, kc, vc, tables + first * max_blocks, T, S,
-                                      attn + first * q_dim, kpack, vpack, Hq, Hkv, D, bs, scale, threads);
+                                      attn + first * Hq * D, kpack, vpack, Hq, Hkv, D, bs, scale, threads);
     }
-    if (failed) return failed;
-    fused_linear(kind, attn, q_dim, PTR(const uint16_t*, layer[LY_O]), NULL, delta, N, Dm, q_dim, threads);
-    parrot_rmsnorm(x, delta, resid, PTR(const uint16_t*, layer[LY_POST_NORM]), normed, N, Dm, post_eps, threads);
-    fused_linear(kind, normed, Dm, PTR(const uint16_t*, layer[LY_GATE_UP]), NULL, gate_up, N, 2 * I, Dm, threads);
-    parrot_silu_mul(gate_up, act, N, I, threads);
-    fused_linear(kind, act, I, PTR(const uint16_t*, layer[LY_DOWN]), NULL, delta, N, Dm, I, threads);
-    parrot_rmsnorm(resid, delta, x_out, next_norm, h_out, N, Dm, next_eps, threads);
-    return 0;
+    return failed;
+}
+
+/* x, h: the residual stream and input_norm(x), [N, hidden]; next_norm: the next layer's input norm
+ * (or the final norm) weight; writes the new residual to x_out and next_norm of it to h_out.
+ * Returns the attention work items that could not allocate (0 on success; the caller raises). */
+int64_t parrot_decoder_layer(const int64_t* layer, const int64_t* step, int64_t layer_idx, const uint16_t* x,
+                             const uint16_t* h, const uint16_t* next_norm, uint16_t* x_out, uint16_t* h_out,
+                             float post_eps, float next_eps, float scale) {
+    return decoder_layer(layer, step, layer_idx, x, h, PTR(const uint16_t*, layer[LY_POST_NORM]), next_norm, x_out,
+                         h_out, post_eps, next_eps, scale);
 }

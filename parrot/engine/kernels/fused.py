@@ -18,11 +18,9 @@ backend, the shared-prefix cascade, the AMX or oneDNN row counts outside that mo
 autograd) runs the layer's per-op path. `set_fused(model, False)` turns a model's fused layers
 off (A/B runs).
 
-Ownership: `FusedStep` (one per model, shared by its layers) holds the step's descriptor, scratch
-and two output buffers from the first layer of a forward pass to its last (layer i's outputs are
-overwritten by layer i + 2: the model's loop holds only the latest; the last layer's outputs stay
-valid after the pass); each layer holds its own descriptor, rebuilt when a piece, a weight or
-its packed copy changes.
+Ownership: `FusedStep` (fused_step.py's `StepDescriptor`: one per model, shared by its layers)
+holds the step's descriptor, scratch and output buffers; each layer holds its own descriptor
+(`LY_*` of cpu_kernels.c), rebuilt when a piece, a weight or its packed copy changes.
 """
 
 from __future__ import annotations
@@ -34,7 +32,8 @@ from torch import nn
 
 from parrot.engine.kernels import library, ops
 from parrot.engine.kernels.decode import paged_decode_supported
-from parrot.engine.kernels.fused_f32 import Float32DecodeRows, Float32Layer, layer_buffers
+from parrot.engine.kernels.fused_f32 import Float32DecodeRows, Float32Layer
+from parrot.engine.kernels.fused_step import StepDescriptor
 from parrot.engine.kernels.pieces import NativeLinear, NativeRMSNorm, NativeSiluMul
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.layers import RMSNorm
@@ -74,62 +73,22 @@ def _int64(t: torch.Tensor, *shape: int) -> bool:
     return t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous() and t.shape == shape
 
 
-class FusedStep:
-    """The step descriptor (`ST_*` of cpu_kernels.c) and scratch, shared by a model's layers."""
+class FusedStep(StepDescriptor[NativeRows]):
+    """The step descriptor (fused_step.py; attention slots `ST_TABLES` .. of cpu_kernels.c) and
+    scratch, shared by a model's layers."""
 
-    def __init__(self) -> None:
-        self.key: tuple[RotaryStep, NativeRows] | None = None  # held: identity is the step's
-        self.desc: torch.Tensor | None = None  # None: this step runs per op
-        self.scratch: torch.Tensor | None = None
-        self.pack: torch.Tensor | None = None
-        # Layer i writes its (x, h) to outs[i % 2]: the next layer reads them while writing the other.
-        self.outs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.out_ptrs: list[tuple[int, int]] = []
+    DTYPE = torch.bfloat16
 
-    def get(self, cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> torch.Tensor | None:
-        if self.key is not None and self.key[0] is rotary and self.key[1] is rows:
-            return self.desc
-        self.key, self.desc, self.scratch, self.pack, self.outs, self.out_ptrs = (
-            (rotary, rows),
-            None,
-            None,
-            None,
-            [],
-            [],
-        )
-        if not self._takes(cfg, rotary, rows, n):
-            return None
-        hq, hkv, d, hidden, inter = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.hidden_size,
-            cfg.intermediate_size,
-        )
-        # qkv, attention, residual, normed, gate/up, act, delta (the order parrot_decoder_layer reads)
-        self.scratch, outs = layer_buffers(cfg, n, torch.bfloat16)
-        self.outs = [(outs[i, 0], outs[i, 1]) for i in range(2)]
-        self.out_ptrs = [(x.data_ptr(), h.data_ptr()) for x, h in self.outs]
-        k = rows.k_cache
-        fields = [n, hidden, hq, hkv, d, inter, rows.slot_mapping.data_ptr(), rows.tables.data_ptr()]
-        fields += [rows.tables.shape[1], rows.lens.data_ptr(), rotary.positions.data_ptr()]
-        fields += [rotary.cos_table.data_ptr(), rotary.sin_table.data_ptr(), k.data_ptr(), rows.v_cache.data_ptr()]
-        fields += [k[0].numel(), k.shape[2], self.scratch.data_ptr(), torch.get_num_threads()]
+    def attention_fields(self, cfg: ModelConfig, rows: NativeRows) -> tuple[list[int], list[torch.Tensor]]:
         chunks = rows.chunks if rows.chunks is not None else torch.empty(0, 3, dtype=torch.long)
         # paged_prefill's packed K and V tiles, sized for the longest chunk's sequence
         longest = int(chunks[:, 2].max()) if len(chunks) else 0
-        self.pack = torch.empty(2 * hkv * -(-longest // 64) * 64 * d, dtype=torch.bfloat16)
-        fields += [rows.per_row, chunks.data_ptr(), len(chunks), self.pack.data_ptr()]
-        self.desc = torch.tensor(fields, dtype=torch.int64)
-        return self.desc
+        pack = torch.empty(2 * cfg.num_kv_heads * -(-longest // 64) * 64 * cfg.head_dim, dtype=torch.bfloat16)
+        fields = [rows.tables.data_ptr(), rows.tables.shape[1], rows.lens.data_ptr(), rows.per_row]
+        fields += [chunks.data_ptr(), len(chunks), pack.data_ptr()]
+        return fields, [chunks, pack]
 
-    def release(self) -> None:
-        """Forget the step (the next layer call builds the next one); outputs already returned
-        stay valid."""
-        self.key, self.desc, self.scratch, self.pack, self.outs, self.out_ptrs = None, None, None, None, [], []
-
-    @staticmethod
-    def _takes(cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> bool:
+    def takes(self, cfg: ModelConfig, rotary: RotaryStep, rows: NativeRows, n: int) -> bool:
         hkv, d = cfg.num_kv_heads, cfg.head_dim
         if not isinstance(rotary, ops.NativeRotaryStep) or not paged_decode_supported(
             rows.k_cache.dtype, cfg.num_heads, hkv, d

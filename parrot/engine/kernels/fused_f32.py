@@ -1,7 +1,8 @@
 """One native call per decoder layer of a float32 decode step: `parrot_decoder_layer_f32`
-(block_kernels.c) runs the per-op float32 path's kernels (blocks.py's linears, ops.py's RMSNorm,
-RoPE and SiLU*up, decode.py's cascade attention, the cache write) in its order over the same
-buffer layouts, so its outputs are that path's bits.
+(block_kernels.c; the sequence is csrc/decoder_layer.h, shared with the bf16 layer) runs the per-op
+float32 path's kernels (blocks.py's linears, ops.py's RMSNorm, RoPE and SiLU*up, decode.py's cascade
+attention, the cache write) in its order over the same buffer layouts, so its outputs are that
+path's bits.
 
 Why: on an AVX2 CPU a one-row decode step of SmolLM2-135M spent about as long in Python as in the
 kernels (cProfile: ~9 ms of the linears' native time and ~9 ms of dispatch, ~10 ctypes calls,
@@ -13,10 +14,9 @@ It takes a step whose attention says it attends decode rows only on the float32 
 at this row count (blocks.MAX_ROWS, or any count when row-invariant) and the norms, SiLU*up and
 rotary native; anything else runs the layer's per-op path.
 
-Ownership as in fused.py: one `Float32Step` per model (the step's descriptor, scratch and two
-output buffers, from a pass's first layer to its last: layer i's outputs are overwritten by layer
-i + 2), and one `Float32Layer` per decoder layer (its descriptor, rebuilt when a piece or a weight
-changes).
+Ownership as in fused.py: one `Float32Step` per model (fused_step.py's `StepDescriptor`: the
+step's descriptor, scratch and output buffers), and one `Float32Layer` per decoder layer (its
+descriptor, rebuilt when a piece or a weight changes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 
 from parrot.engine.kernels import blocks, library, ops
 from parrot.engine.kernels.decode import CascadePieces
+from parrot.engine.kernels.fused_step import StepDescriptor
 from parrot.engine.kernels.pieces import NativeRMSNorm, NativeSiluMul
 from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.layers import RMSNorm
@@ -58,54 +59,17 @@ def _f32(t: torch.Tensor | None, *shape: int) -> bool:
     )
 
 
-def layer_buffers(cfg: ModelConfig, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both fused layers' scratch for a step of n rows (room for qkv, attention, three hidden-size
-    rows (residual, normed, delta), gate/up and act: n * (W + Hq*D + 3 hidden + 3 inter), W =
-    (Hq + 2 Hkv) * D; each C layer lays them out in its own order) and their two output buffers
-    [2, 2, n, hidden] (layer i writes [i % 2])."""
-    hq, d, hidden = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-    width = (hq + 2 * cfg.num_kv_heads) * d
-    scratch = torch.empty(n * (width + hq * d + 3 * hidden + 3 * cfg.intermediate_size), dtype=dtype)
-    return scratch, torch.empty(2, 2, n, hidden, dtype=dtype)
+class Float32Step(StepDescriptor[Float32DecodeRows]):
+    """The step descriptor (fused_step.py; attention slots `ST_PIECES` .. of block_kernels.c) and
+    buffers, shared by a model's layers."""
 
+    DTYPE = torch.float32
 
-class Float32Step:
-    """The step descriptor (`FS_*` of block_kernels.c) and buffers, shared by a model's layers."""
+    def attention_fields(self, cfg: ModelConfig, rows: Float32DecodeRows) -> tuple[list[int], list[torch.Tensor]]:
+        p = rows.pieces  # (held by rows, which the descriptor's key holds)
+        return [p.lens.numel(), *(t.data_ptr() for t in p.arrays())], []
 
-    def __init__(self) -> None:
-        self.key: tuple[RotaryStep, Float32DecodeRows] | None = None  # held: identity is the step's
-        self.desc: torch.Tensor | None = None  # None: this step runs per op
-        self.held: list[torch.Tensor] = []  # what desc points into
-        self.outs: list[tuple[torch.Tensor, torch.Tensor]] = []  # layer i writes outs[i % 2]
-        self.out_ptrs: list[tuple[int, int]] = []
-
-    def get(self, cfg: ModelConfig, rotary: RotaryStep, rows: Float32DecodeRows, n: int) -> torch.Tensor | None:
-        if self.key is not None and self.key[0] is rotary and self.key[1] is rows:
-            return self.desc
-        self.release()
-        self.key = (rotary, rows)
-        if not self._takes(cfg, rotary, rows, n):
-            return None
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        hidden, inter = cfg.hidden_size, cfg.intermediate_size
-        scratch, outs = layer_buffers(cfg, n, torch.float32)
-        self.outs = [(outs[i, 0], outs[i, 1]) for i in range(2)]
-        self.out_ptrs = [(x.data_ptr(), h.data_ptr()) for x, h in self.outs]
-        p, k = rows.pieces, rows.k_cache
-        fields = [n, hidden, hq, hkv, d, inter, rows.slot_mapping.data_ptr(), rotary.positions.data_ptr()]
-        fields += [rotary.cos_table.data_ptr(), rotary.sin_table.data_ptr(), k.data_ptr(), rows.v_cache.data_ptr()]
-        fields += [k[0].numel(), k.shape[2], p.lens.numel()]
-        fields += [t.data_ptr() for t in p.arrays()] + [scratch.data_ptr(), torch.get_num_threads()]
-        self.held = [scratch, outs]
-        self.desc = torch.tensor(fields, dtype=torch.int64)
-        return self.desc
-
-    def release(self) -> None:
-        """Forget the step; outputs already returned stay valid."""
-        self.key, self.desc, self.held, self.outs, self.out_ptrs = None, None, [], [], []
-
-    @staticmethod
-    def _takes(cfg: ModelConfig, rotary: RotaryStep, rows: Float32DecodeRows, n: int) -> bool:
+    def takes(self, cfg: ModelConfig, rotary: RotaryStep, rows: Float32DecodeRows, n: int) -> bool:
         hkv, d = cfg.num_kv_heads, cfg.head_dim
         k, cos, sin, p = rows.k_cache, rotary.cos_table, rotary.sin_table, rows.pieces
         return (

@@ -8,8 +8,11 @@ compiler, loaded through ctypes, and why it is unavailable when it is.
   (blocks.py), decode and prefill attention over a float32 paged KV cache (decode.py) and the decoder's
   elementwise steps (RMSNorm, RoPE, SiLU*up: ops.py): needs AVX2 + FMA
   (`blocks_library()`, `blocks_status()`).
-A library is cached under `<cache_dir>/kernels/`, keyed by the source, compiler and flags, and needs
-gcc (or $CC). The engine logs what runs once and reports it in stats.
+Both include the C code they share from csrc/ (the vector operations per instruction set, e^x,
+the elementwise steps, the cascade's driver and merge, the decoder layer's sequence: see
+README.md). A library is cached under `<cache_dir>/kernels/`, keyed by its source, the shared
+headers, the compiler and the flags, and needs gcc (or $CC). The engine logs what runs once at
+start (transform.py) and reports it in stats.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from parrot.engine.cpu_features import AMX_FLAGS, BF16_DOT_FLAGS, cpu_flags, x86
 from parrot.engine.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SHARED = Path(__file__).with_name("csrc")  # the headers both C files include
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 # No contraction of a * b + c into FMAs: gcc chose per inlined copy, so the decode and prefill
 # kernels' shared softmax summed one row's weights with and without an FMA (an fp32 ulp, about one
@@ -83,6 +87,10 @@ class Source:
     needs: frozenset[str]
     signatures: dict[str, tuple[type | None, list[type]]] = field(hash=False)
 
+    def text(self) -> bytes:
+        """The C file and every shared header it may include: what its build is keyed by."""
+        return b"".join(p.read_bytes() for p in [self.path, *sorted(SHARED.glob("*.h"))])
+
 
 KERNELS = Source(SOURCE, tuple(_FLAGS), BF16_DOT_FLAGS, SIGNATURES)
 BLOCKS = Source(BLOCKS_SOURCE, tuple(BLOCKS_FLAGS), BLOCKS_CPU_FLAGS, BLOCKS_SIGNATURES)
@@ -98,7 +106,7 @@ def build(source: Source) -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("gcc")
     if cc is None:
         return None, "no C compiler (gcc is not on PATH and $CC is unset)"
-    key = hashlib.sha256(source.path.read_bytes() + " ".join([cc, *source.flags]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.text() + " ".join([cc, *source.flags]).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"{source.path.stem}-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)

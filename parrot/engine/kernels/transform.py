@@ -8,21 +8,32 @@ native call where the step's attention and pieces allow, the per-op path otherwi
 its parameters with the piece it replaced (nothing is copied; loading still works). A float32
 model takes `apply_elementwise` instead (its RMSNorm, SiLU*up and rotary on the AVX2 kernels;
 its linears are blocks.py's `apply_blocks`).
+
+An engine applies them through `apply_engine_kernels`, once per engine start, which logs one line
+at info level on the "parrot.engine.kernels" logger naming what runs, e.g.
+"native kernels: avx512_bf16 (linears, attention, elementwise, sampler, fused layers: 243 modules;
+no AMX: the CPU lacks amx_bf16, amx_tile); block kernels: off (bfloat16 model)".
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from parrot.engine.kernels import library
+from parrot.engine.kernels.blocks import apply_blocks
+from parrot.engine.kernels.decode import paged_decode_supported
 from parrot.engine.kernels.fused import FusedDecoderLayer, share_steps
 from parrot.engine.kernels.pieces import NativeLinear, NativeLMHead, NativeRMSNorm, NativeRotary, NativeSiluMul
+from parrot.engine.model.config import ModelConfig
 from parrot.engine.model.layers import Linear, LMHead, RMSNorm, SiluMul
 from parrot.engine.model.llama import DecoderLayer
 from parrot.engine.model.rope import Rotary
+
+log = logging.getLogger("parrot.engine.kernels")
 
 # torch piece -> its native replacement (exact types: a piece already native is left alone).
 NATIVE_PIECES: dict[type[nn.Module], type] = {
@@ -77,6 +88,59 @@ def apply_elementwise(model: nn.Module) -> int:
     num_replaced = _swap(model, ELEMENTWISE_PIECES)
     share_steps(model)
     return num_replaced
+
+
+@dataclass(frozen=True)
+class EngineKernels:
+    """What `apply_engine_kernels` applied to an engine's model."""
+
+    native: bool  # the bf16 kernels run the model (its backend and sampler use them too)
+    status: str  # what EngineStats.native_kernels reports: the bf16 kernels', or the block kernels' when they run
+    line: str  # what runs, as logged
+
+
+def apply_engine_kernels(model: nn.Module, cfg: ModelConfig, enabled: bool) -> EngineKernels:
+    """Apply the native kernels an engine's model takes (`apply_native`; a float32 model:
+    `apply_blocks` and `apply_elementwise`; nothing where `enabled` is False) and log one line
+    naming what runs. Call once per engine start."""
+    if not enabled:
+        off = "off (EngineConfig.cpu_kernels=False)"
+        return _chosen(False, "off", off, off)
+    dtypes = {p.dtype for p in model.parameters()}
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+    report = apply_native(model)
+    if report.applied:
+        parts = ["linears", _attention(torch.bfloat16, cfg), "elementwise", "sampler", "fused layers"]
+        note = f"; {report.note}" if report.note else ""
+        native = f"{report.status} ({', '.join(parts)}: {report.num_replaced} modules{note})"
+        return _chosen(True, report.status, native, f"off ({names} model)")
+    if dtypes != {torch.float32}:
+        return _chosen(False, report.status, report.status, f"off ({names} model)")
+    blocks = apply_blocks(model)  # a float32 GGUF model's linears over its blocks
+    num_elementwise = apply_elementwise(model)  # its RMSNorm, SiLU*up, rotary and fused layers (AVX2)
+    status = blocks.status if blocks.applied else report.status
+    native = f"off ({names} model)"
+    if not num_elementwise:  # the block library did not build
+        return _chosen(False, status, native, library.blocks_status())
+    blocks_status = library.blocks_status()
+    if blocks.applied:
+        linears = f"linears over GGUF {blocks.status.removeprefix(blocks_status + ' ')}"
+    else:
+        linears = f"linears on torch ({blocks.status})"
+    parts = [linears, _attention(torch.float32, cfg), f"elementwise and fused layers: {num_elementwise} modules"]
+    return _chosen(False, status, native, f"{blocks_status} ({'; '.join(parts)})")
+
+
+def _attention(dtype: torch.dtype, cfg: ModelConfig) -> str:
+    if paged_decode_supported(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
+        return "attention"
+    return f"attention on torch (no kernel for {cfg.num_heads} / {cfg.num_kv_heads} heads of {cfg.head_dim})"
+
+
+def _chosen(native: bool, status: str, native_line: str, blocks_line: str) -> EngineKernels:
+    line = f"native kernels: {native_line}; block kernels: {blocks_line}"
+    log.info("%s", line)
+    return EngineKernels(native, status, line)
 
 
 def _swap(model: nn.Module, table: dict[type[nn.Module], type]) -> int:
