@@ -41,27 +41,27 @@ data: install
 	$(BIN)/python scripts/fetch_data.py
 
 bench: data
-	$(BIN)/python -m benchmarks.run --mode quick
+	$(BIN)/python -m benchmarks.apps --mode quick
 
 # Parrot against request-level serving on each engine (builtin, and vLLM through the adapter):
 # the medians of 3 interleaved repeats (~15-20 min with vLLM's start).
 bench-vllm: data
 	bash scripts/setup_vllm.sh
-	$(BIN)/python -m benchmarks.run --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
-		--repeats 3 --budget-min 60 --no-ablations --out bench_results/apps_vllm
+	$(BIN)/python -m benchmarks.apps --with-vllm --only gpts copilot map_reduce --configs parrot a parrot_vllm d \
+		--repeats 3 --budget-min 60 --no-ablations
 
 bench-full: data
 	bash scripts/setup_vllm.sh
-	$(BIN)/python -m benchmarks.run --mode full --with-vllm
+	$(BIN)/python -m benchmarks.apps --mode full --with-vllm
 
 bench-engine: install
-	$(BIN)/python -m benchmarks.engine_bench
+	$(BIN)/python -m benchmarks.engine
 
 bench-kernels: install
-	$(BIN)/python -m benchmarks.kernel_ab
+	$(BIN)/python -m benchmarks.engine.kernels
 
 bench-attention: install
-	$(BIN)/python -m benchmarks.attention_bench
+	$(BIN)/python -m benchmarks.attention.shared_prefix
 
 # docs/results.md and README.md's headline table, from the result sets in bench_results/.
 results: install

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.attention_bench import PerContextV1, build_batch
+from benchmarks.attention.shared_prefix import PerContextV1, build_batch
 from parrot.engine import kernels
 from parrot.engine.attention.base import PagedAttention
 from parrot.engine.kernels.library import blocks_library, blocks_status
@@ -41,7 +41,7 @@ def test_first_per_context_path_matches_the_engine_path(native: bool) -> None:
 def test_prefill_bench_paths_attend_alike(dtype: torch.dtype) -> None:
     """The prefill benchmark's three paths compute the same attention (chunk and per row: the same
     bits where the kernels share one per-row arithmetic), so its ratios compare speed only."""
-    from benchmarks.prefill_attention_bench import paths
+    from benchmarks.attention.prefill import paths
 
     with torch.inference_mode():
         out = {name: fn() for name, fn in paths(40, 170, dtype).items()}

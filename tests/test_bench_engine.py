@@ -1,5 +1,6 @@
 """The engine benchmark's bandwidth arithmetic: a decode step reads every weight once in the form
-the engine keeps it (the block kernels' encodings where they run), plus each sequence's KV."""
+the engine keeps it (the block kernels' encodings where they run), plus each sequence's KV; and
+the cases the kernel A/B reads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.engine_bench import decode_step_bytes, median_run, read_weight_bytes
+from benchmarks.engine.kernels import parse_case
+from benchmarks.engine.throughput import decode_step_bytes, median_run, read_weight_bytes
 from benchmarks.peers import prefill_rates
 from benchmarks.peers.parrot_engine import ParrotEngineProbe
 from parrot.engine.kernels import blocks, library
@@ -72,3 +74,8 @@ def test_prefill_rates_drop_the_warm_up_and_take_the_median_of_the_rest() -> Non
 
     assert prefill_rates([8, 4], 3, seconds) == {8: 16.0, 4: 2.0}
     assert calls == [(8, 0), (8, 1), (8, 2), (8, 3), (4, 0), (4, 1), (4, 2), (4, 3)]
+
+
+def test_the_kernel_ab_reads_decode_prompt_and_prompt_batch_cases() -> None:
+    assert [parse_case(c) for c in ("d32", "p512", "p8x128")] == [("d", 1, 32), ("p", 1, 512), ("p", 8, 128)]
+    assert [parse_case(c) for c in ("d2x8", "x12", "p", "p12y", "p1x2x3", "")] == [None] * 6

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.apps import map_reduce, mixed
-from benchmarks.apps.common import Corpus, salt_digits
+from benchmarks.apps.workloads import map_reduce, mixed
+from benchmarks.apps.workloads.common import Corpus, salt_digits
 from benchmarks.data import ChatTurn
 from parrot.text import Tokenizer
 

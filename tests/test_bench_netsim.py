@@ -1,4 +1,4 @@
-"""The benchmarks' network model (benchmarks/netsim.py): seeded round trips from the paper's
+"""The benchmarks' network model (benchmarks/common/netsim.py): seeded round trips from the paper's
 samples, one stream per independent client, half paid each way."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from benchmarks import netsim
-from benchmarks.netsim import RoundTrip, RttModel
-from benchmarks.scaling import load_paper_workloads
+from benchmarks.common import netsim
+from benchmarks.common.netsim import RoundTrip, RttModel
+from benchmarks.common.paper import load_paper_workloads
 
 PAPER = load_paper_workloads()
 

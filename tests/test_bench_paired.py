@@ -1,4 +1,4 @@
-"""The paired reading of benchmark runs (benchmarks/paired.py) on hand-built results: exact figures."""
+"""The paired reading of benchmark runs (benchmarks/apps/paired.py) on hand-built results: exact figures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.paired import collect, render, sign_test_p, write_paired
+from benchmarks.apps.paired import collect, render, sign_test_p, write_paired
 
 LATENCY = {"key": "lat", "label": "latency", "unit": "ms", "lower_is_better": True}
 RATE = {"key": "rate", "label": "rate", "unit": "req/s", "lower_is_better": False}
@@ -70,7 +70,7 @@ def test_the_table_shows_median_range_wins_and_what_vllms_own_decode_explains() 
 def test_the_command_reads_results_files_and_refuses_runs_without_pairs(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results(record("d", 0, 100.0, 1.0), record("p", 0, 50.0, 1.0))))
-    cmd = [sys.executable, "-m", "benchmarks.paired", str(path), "--config", "p"]
+    cmd = [sys.executable, "-m", "benchmarks.apps.paired", str(path), "--config", "p"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 / 0 / 0 | 1 | — | — |" in done.stdout
     refused = subprocess.run([*cmd[:-1], "other"], capture_output=True, text=True)

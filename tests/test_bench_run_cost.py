@@ -1,4 +1,4 @@
-"""What a benchmark run cost the shared cores (benchmarks/run_cost.py): CPU of this process and of
+"""What a benchmark run cost the shared cores (benchmarks/apps/run_cost.py): CPU of this process and of
 its children, and real vLLM's own request timings read from its /metrics page."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from benchmarks import run_cost
-from benchmarks.machine import descendants_cpu_s, machine_cpu_s, thread_cpu_s
+from benchmarks.apps import run_cost
+from benchmarks.apps.run_cost import RunCost
+from benchmarks.common.machine import descendants_cpu_s, machine_cpu_s, thread_cpu_s
 from benchmarks.peers.vllm_server import mean_timings_ms, parse_request_timings
-from benchmarks.run_cost import RunCost
 from parrot.web.server_thread import ServerThread
 
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from benchmarks import sim_paper
-from benchmarks.apps import multi_agent
-from benchmarks.baselines import render_prompt
-from benchmarks.netsim import RttModel
-from benchmarks.scaling import load_paper_workloads
+from benchmarks.apps.baselines import render_prompt
+from benchmarks.apps.workloads import multi_agent
+from benchmarks.common.netsim import RttModel
+from benchmarks.common.paper import load_paper_workloads
+from benchmarks.sim import paper as sim_paper
 from benchmarks.sim.cluster import CONFIGS, AppResult, Call, Cluster, Input, Ref, run_app, tokenizer_folder
+from benchmarks.sim.fit_cpu import profile_toml, step_groups
+from benchmarks.sim.paper import difference, ratio_of, sustainable_rate
 from benchmarks.sim.suite import GPTS_THRESHOLD_MS, Comparison, Result, points
 from benchmarks.sim.words import Words
 from benchmarks.sim.workloads import run_gpts, template_call
-from benchmarks.sim_fit_cpu import profile_toml, step_groups
-from benchmarks.sim_paper import difference, ratio_of, sustainable_rate
 from parrot.protocol.template import escape_text
 from parrot.sim import profiles
 from parrot.sim.loop import run_virtual
@@ -33,16 +33,24 @@ def test_difference_is_zero_inside_the_range_and_relative_to_the_nearest_bound()
 
 def test_ratio_is_the_largest_baseline_over_parrot_across_points() -> None:
     c = Comparison("Fig", "x", ("p/1", "p/2"), "jct_s", "b", 1.0, 2.0)
-    table = {("p/1", "parrot"): {"jct_s": 2.0}, ("p/1", "b"): {"jct_s": 3.0}, ("p/2", "parrot"): {"jct_s": 1.0},
-             ("p/2", "b"): {"jct_s": 4.0}}  # fmt: skip
+    table = {
+        ("p/1", "parrot"): {"jct_s": 2.0},
+        ("p/1", "b"): {"jct_s": 3.0},
+        ("p/2", "parrot"): {"jct_s": 1.0},
+        ("p/2", "b"): {"jct_s": 4.0},
+    }
     assert ratio_of(c, table) == 4.0
 
 
 def test_sustainable_rate_ratio() -> None:
     c = Comparison("Fig", "x", ("g/1", "g/4", "g/16"), "norm_latency_ms", "c", 12.0, 12.0, True)
-    table = {("g/1", "parrot"): {"norm_latency_ms": 30.0}, ("g/4", "parrot"): {"norm_latency_ms": 40.0},
-             ("g/16", "parrot"): {"norm_latency_ms": 150.0}, ("g/1", "c"): {"norm_latency_ms": 90.0},
-             ("g/4", "c"): {"norm_latency_ms": 120.0}}  # fmt: skip
+    table = {
+        ("g/1", "parrot"): {"norm_latency_ms": 30.0},
+        ("g/4", "parrot"): {"norm_latency_ms": 40.0},
+        ("g/16", "parrot"): {"norm_latency_ms": 150.0},
+        ("g/1", "c"): {"norm_latency_ms": 90.0},
+        ("g/4", "c"): {"norm_latency_ms": 120.0},
+    }
     # Parrot crosses 100 ms/token between 4 and 16 req/s: 4 x 4^(60/110); the baseline between 1 and
     # 4: 4^(10/30); its 16 req/s point was not run (over at a lower rate) and counts as over.
     assert sustainable_rate(c, table, "parrot") == pytest.approx(4 * 4 ** (60 / 110))
@@ -106,7 +114,7 @@ def test_gpts_warm_up_puts_the_system_prompt_in_the_prefix_cache_before_the_cloc
 
 
 def test_the_cpu_fit_becomes_the_cost_models_terms() -> None:
-    """The thirteenth session's fit (15.1 ms a step, 0.679 ms a prefill token, 1.38 ms a decoded
+    """The AMD AVX512 fit (15.1 ms a step, 0.679 ms a prefill token, 1.38 ms a decoded
     row) gives hardware.toml's [cpu-2core]: 2 x 106.2M body FLOPs in 0.679 ms is 0.313 TFLOP/s,
     the 269 MB of weights at 20 GB/s are 13.45 ms of the step, a row's 2 x 134.5M FLOPs 0.86 ms."""
     toml = profile_toml("cpu-2core", profiles.model("smollm2-135m"), 15.1, 0.679, 1.38, 20.0)
@@ -152,7 +160,7 @@ def test_finished_applications_leave_no_reference_cycles() -> None:
     # the collector (parrot/web/heap.py) never has garbage of theirs to find, so collecting rarely
     # costs no memory. Checked over the whole path: sessions, the DAG, runs on simulated engines.
     from benchmarks.sim.cluster import run_parrot
-    from benchmarks.sim_scale import app_calls
+    from benchmarks.sim.scale import app_calls
 
     words = Words(Tokenizer(tokenizer_folder()))
     system = words.text("cycles/system", 64)

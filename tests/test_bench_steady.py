@@ -8,12 +8,12 @@ from pathlib import Path
 
 from test_bench_apps import TinyCorpus
 
-from benchmarks.apps import gpts
-from benchmarks.apps.common import Target
-from benchmarks.baselines import Completion, Networked
+from benchmarks.apps.baselines import Completion, Networked
+from benchmarks.apps.report import merge_into
+from benchmarks.apps.workloads import gpts
+from benchmarks.apps.workloads.common import Target
+from benchmarks.common.netsim import RttModel
 from benchmarks.data import ChatTurn, SystemPrompt
-from benchmarks.netsim import RttModel
-from benchmarks.report import merge_into
 from parrot.text import Tokenizer
 
 

@@ -1,15 +1,2 @@
-"""The paper's applications, each written once with the Parrot SDK and once as a request-level
-client (see common.py for the contract every module follows)."""
-
-from __future__ import annotations
-
-from benchmarks.apps import chain_summary, copilot, gpts, map_reduce, mixed, multi_agent
-from benchmarks.apps.common import Scenario
-from benchmarks.scaling import Scale
-
-APPS = (chain_summary, map_reduce, gpts, multi_agent, copilot, mixed)
-
-
-def all_scenarios(scale: Scale, paper: dict, only: set[str] | None = None) -> list[Scenario]:
-    """Every application's scenarios at `scale`, in a fixed order; `only` keeps those workloads."""
-    return [s for app in APPS if only is None or app.NAME in only for s in app.scenarios(scale, paper)]
+"""The application benchmark: the paper's applications on Parrot and on request-level baselines
+(`python -m benchmarks.apps`; the runner is run.py, the applications are in workloads/)."""

@@ -1,5 +1,5 @@
 """A fake OpenAI-compatible completion server (vLLM's dialect), for tests of the engine adapter
-and for `benchmarks.manager_path` (`python -m benchmarks.peers.fake_openai --port N`).
+and for `benchmarks.serving.manager_path` (`python -m benchmarks.peers.fake_openai --port N`).
 
 It records every `/v1/completions` body, and answers each with `max_tokens` copies of one token
 (streamed one per chunk as vLLM streams them with `logprobs: 0` + `return_tokens_as_token_ids`,
@@ -113,7 +113,7 @@ class FakeOpenAI:
 
 
 def main() -> None:
-    """Serve a fake upstream on 127.0.0.1 (`benchmarks.manager_path` runs one in a process of its own)."""
+    """Serve a fake upstream on 127.0.0.1 (`benchmarks.serving.manager_path` runs one in a process of its own)."""
     import argparse
 
     import uvicorn

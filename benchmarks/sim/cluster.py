@@ -2,7 +2,7 @@
 
 `Cluster`: the real manager (parrot.serve) over `num_engines` SimEngines of one setup, on the
 running (virtual-time) loop. `Config`: Parrot or a request-level baseline, as in
-benchmarks/configs.py: Parrot (SDK, app-centric policy, prefix sharing, shared-prefix attention,
+benchmarks/apps/configs.py: Parrot (SDK, app-centric policy, prefix sharing, shared-prefix attention,
 the engine's latency cap), (a) latency-centric (request-level, FIFO, latency cap, no sharing),
 (b) throughput-centric (no cap), (c) (b) with prefix sharing.
 
@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.netsim import RttSampler
+from benchmarks.common.netsim import RttSampler
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
@@ -63,7 +63,7 @@ CONFIGS = {
 
 def tpot_target_ms(setup: Setup) -> float:
     """Parrot's latency goal: the time per token the latency cap gives, a step of that many rows of
-    1k tokens (benchmarks/run.py uses baseline (a)'s measured time per token the same way)."""
+    1k tokens (benchmarks/apps/run.py uses baseline (a)'s measured time per token the same way)."""
     model = StepCostModel(setup.hardware, setup.model)
     rows = tuple([1024] * setup.latency_max_batched_tokens)
     return model.step_s(StepShape(decodes=(DecodeGroup(rows),))) * 1000.0

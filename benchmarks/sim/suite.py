@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from benchmarks.netsim import RttModel
+from benchmarks.common.netsim import RttModel
 from benchmarks.sim import workloads as w
 from benchmarks.sim.cluster import CONFIGS, Cluster
 from benchmarks.sim.words import Words

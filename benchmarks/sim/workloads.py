@@ -8,7 +8,7 @@ the paper's lengths (10 documents of 20k-53k tokens, mean 31.8k); the copilot's 
 architect's design plus constant text up to the round's shared length); chat turns of the mixed
 workload are drawn (prompt 4-1024 tokens, prompt + output <= 2048) by a seeded RNG.
 
-The comparison with the real CPU benchmark (benchmarks/sim_cpu.py) passes the real scenarios'
+The comparison with the real CPU benchmark (benchmarks/sim/vs_cpu.py) passes the real scenarios'
 shapes instead: the GPTs arrival schedule and warm-up, the mixed workload's chat turns, and
 `run_multi_agent_app`, the real multi-agent app built from its own templates (`template_call`).
 """
@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.apps import multi_agent
-from benchmarks.netsim import RttSampler
+from benchmarks.apps.workloads import multi_agent
+from benchmarks.common.netsim import RttSampler
 from benchmarks.sim.cluster import Call, Cluster, Input, Ref, now, run_app
 from benchmarks.sim.words import Words
 from parrot.protocol.template import Placeholder, PlaceholderKind, TextPiece, escape_text, parse_template

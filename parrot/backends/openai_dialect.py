@@ -50,7 +50,7 @@ def completion_body(
     `--scheduling-policy priority`), so plain OpenAI servers see plain requests; `ask_token_ids`
     adds `logprobs` (0, or the alternatives asked for) with `return_tokens_as_token_ids` (tokens as
     ids, vLLM), or, with `logprobs` False and no alternatives, vLLM's `return_token_ids` alone (the
-    ids without logprobs: computing them cost vLLM ~3% per token, `benchmarks.vllm_paths_ab`).
+    ids without logprobs: computing them cost vLLM ~3% per token, `benchmarks.serving.vllm_paths`).
     Every other sampling setting is OpenAI's own (penalties, `logit_bias`). Raises ParrotError
     (400) for what the upstream cannot be asked: alternatives reported by text only (no token ids
     to report them with), a choice's score. `stream_interval` > 1 (vLLM): tokens per streamed

@@ -86,7 +86,7 @@ from parrot.text import Tokenizer, cut_to_text
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
 # Tokens per streamed chunk asked of a vLLM upstream for a generation nobody watches
 # (GenerateRequest.watched): one chunk per token cost vLLM ~8% and the manager most of its CPU per
-# request on GPTs-like traffic (`benchmarks.vllm_paths_ab`); a reader that comes later sees bursts.
+# request on GPTs-like traffic (`benchmarks.serving.vllm_paths`); a reader that comes later sees bursts.
 UNWATCHED_STREAM_INTERVAL = 16
 # A token streamed this recently stands for a heartbeat's answer (the manager's default interval).
 HEARD_S = 0.5
@@ -115,8 +115,8 @@ class OpenAIEngineClient:
     (for servers that refuse unknown fields); tokens are then always re-tokenized.
     `send_priority=False` never sends `priority` (else it stops at the first refusal).
     `stream_interval` > 1 asks a vLLM upstream for that many tokens per streamed chunk: on a
-    2-core machine per-token streaming costs vLLM ~9% (`benchmarks.stream_ab`); a reader of the
-    output then sees its text in bursts.
+    2-core machine per-token streaming costs vLLM ~9% (`benchmarks.serving.vllm_paths`, its whole
+    and streamed modes); a reader of the output then sees its text in bursts.
     """
 
     def __init__(

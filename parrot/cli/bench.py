@@ -11,14 +11,19 @@ import parrot
 
 # name -> module; `make bench` is `apps --mode quick`.
 BENCHMARKS = {
-    "apps": "benchmarks.run",
-    "engine": "benchmarks.engine_bench",
-    "kernels": "benchmarks.kernel_ab",
-    "attention": "benchmarks.attention_bench",
-    "step-profile": "benchmarks.step_profile",
-    "tenant-flood": "benchmarks.tenant_flood",
-    "invariance": "benchmarks.invariance_check",
-    "report": "benchmarks.report",
+    "apps": "benchmarks.apps",
+    "engine": "benchmarks.engine",
+    "kernels": "benchmarks.engine.kernels",
+    "attention": "benchmarks.attention.shared_prefix",
+    "attention-prefill": "benchmarks.attention.prefill",
+    "step-profile": "benchmarks.apps.step_profile",
+    "tenant-flood": "benchmarks.serving.tenant_flood",
+    "manager-path": "benchmarks.serving.manager_path",
+    "invariance": "benchmarks.engine.invariance",
+    "sim-paper": "benchmarks.sim.paper",
+    "sim-scale": "benchmarks.sim.scale",
+    "sim-vs-cpu": "benchmarks.sim.vs_cpu",
+    "report": "benchmarks.apps.report",
 }
 
 
@@ -31,7 +36,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
 def cmd_bench(a: argparse.Namespace) -> None:
     if a.list or a.name is None:
         for name, module in BENCHMARKS.items():
-            print(f"{name:14} python -m {module}")
+            print(f"{name:18} python -m {module}")
         return
     if a.name not in BENCHMARKS:
         raise SystemExit(f"unknown benchmark {a.name!r}; allowed: {', '.join(BENCHMARKS)}")

@@ -47,7 +47,7 @@ class ServerThread:
         self.server = uvicorn.Server(config)
         self.loop = new_event_loop()
         # Its worker threads (asyncio.to_thread: tokenizing a batch, ...) named after it, so what
-        # the server costs can be told from the rest of the process (benchmarks.machine.thread_cpu_s).
+        # the server costs can be told from the rest of the process (benchmarks.common.machine.thread_cpu_s).
         self.loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix=f"{name}-pool"))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 

@@ -227,9 +227,9 @@ def test_step_trace_records_each_step_by_kind(tiny_model_folder: Path) -> None:
 
 
 def test_a_trace_inside_a_profilers_trace_leaves_it_whole(tiny_model_folder: Path) -> None:
-    """benchmarks.run traces each builtin run for its step kinds; benchmarks.step_profile traces
+    """benchmarks.apps traces each builtin run for its step kinds; benchmarks.apps.step_profile traces
     the same runs around it: the inner start/stop must neither reset nor end the outer trace."""
-    from benchmarks import step_kinds
+    from benchmarks.apps import step_kinds
 
     engine = make_engine(tiny_model_folder, block_size=16, max_num_batched_tokens=64)
     server = type("Server", (), {"engine": type("Async", (), {"engine": engine})()})()

@@ -115,8 +115,8 @@ def test_the_thread_count_set_on_a_passing_thread_holds_on_the_caller_s_thread()
 
 
 def test_benchmark_processes_set_the_wait_policy_before_torch_loads() -> None:
-    # benchmarks.engine_bench imports torch at its top; the package's own import comes first.
-    code = "import os, benchmarks.engine_bench; print(os.environ.get('OMP_WAIT_POLICY'))"
+    # benchmarks.engine.throughput imports torch at its top; the package's own import comes first.
+    code = "import os, benchmarks.engine.throughput; print(os.environ.get('OMP_WAIT_POLICY'))"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)

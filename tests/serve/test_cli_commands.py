@@ -236,12 +236,26 @@ def test_run_an_app_with_progress_and_a_summary(
 def test_bench_lists_dispatches_and_names_the_allowed_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
     main(["bench", "--list"])
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == ["apps", "engine", "kernels", "attention", "step-profile", "tenant-flood", "invariance", "report"]
+    assert names == [
+        "apps",
+        "engine",
+        "kernels",
+        "attention",
+        "attention-prefill",
+        "step-profile",
+        "tenant-flood",
+        "manager-path",
+        "invariance",
+        "sim-paper",
+        "sim-scale",
+        "sim-vs-cpu",
+        "report",
+    ]
     with pytest.raises(SystemExit) as e:
         main(["bench", "fastest"])
     assert str(e.value) == (
-        "unknown benchmark 'fastest'; allowed: apps, engine, kernels, attention, step-profile, tenant-flood, "
-        "invariance, report"
+        "unknown benchmark 'fastest'; allowed: apps, engine, kernels, attention, attention-prefill, step-profile, "
+        "tenant-flood, manager-path, invariance, sim-paper, sim-scale, sim-vs-cpu, report"
     )
     with pytest.raises(SystemExit) as e:
         main(["bench", "apps", "--help"])

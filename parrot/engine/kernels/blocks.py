@@ -36,7 +36,7 @@ QK = 32  # weights per block
 # medians of 5), oneDNN from 8 rows makes decode steps slower (8 rows x 450 tokens 116 against 85
 # ms, 16 x 200 137 against 109, 32 x 200 194 against 188) though it wins on weights in cache
 # (gate_up at 16 rows 537 us against 824); bigger steps are faster on it: decode steps of 48 / 56 /
-# 64 rows 160 / 187 / 200 ms against 189 / 199 / 268, 40 rows even (`benchmarks.kernel_ab
+# 64 rows 160 / 187 / 200 ms against 189 / 199 / 268, 40 rows even (`benchmarks.engine.kernels
 # --float32-ab rows`, 48-token prompts, medians of 6).
 MAX_ROWS = 40
 MAX_K = 8192  # the kernels' buffer of rebuilt weights holds 4 columns of this many

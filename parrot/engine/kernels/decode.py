@@ -47,7 +47,7 @@ def attention_amx(on: bool | None = None) -> bool:
     has it and the OS granted its tile state; else AVX512-BF16); `on` switches the process to one
     or the other first (where AMX runs). Both paths give a row the same bits in decode and in
     prefill, but not the same bits as each other: an engine must not switch between its steps
-    (benchmarks.kernel_ab --amx-attention-ab switches between timed steps of one engine)."""
+    (benchmarks.engine.kernels --amx-attention-ab switches between timed steps of one engine)."""
     lib = load()
     if lib is None:
         return False
