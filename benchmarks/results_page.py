@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.paired import collect
-from benchmarks.paired import render as render_pairs
-from benchmarks.report import markdown, ratio, render_table, value
+from benchmarks.apps.paired import collect
+from benchmarks.apps.paired import render as render_pairs
+from benchmarks.apps.report import markdown, ratio, render_table, value
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench_results"
@@ -227,8 +227,8 @@ def render_gpu_attention(s: ResultSet) -> str:
 
 
 def render_sim_paper(s: ResultSet) -> str:
+    from benchmarks.sim.paper import difference, ratio_of
     from benchmarks.sim.suite import COMPARISONS
-    from benchmarks.sim_paper import difference, ratio_of
 
     r = s.json("results.json")
     table = {(x["point"], x["config"]): x["metrics"] for x in r["results"]}

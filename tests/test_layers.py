@@ -1,6 +1,6 @@
 """The tree's shape, checked: imports go one way between layers and folders, no module takes part in
 an import cycle (type-only and function-level imports included), benchmarks use public APIs only,
-and no Python file passes 400 lines."""
+and no file is squeezed to fit a size (files are sized by concept: no `# fmt: skip`)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # The model code proper: torch, the standard library and its own folder, nothing else.
 TORCH_ONLY = ("engine/model/config.py", "engine/model/layers.py", "engine/model/llama.py", "engine/model/rope.py")
 ALLOWED = {"protocol": ("parrot.protocol",)}
-MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
@@ -230,14 +229,17 @@ def test_benchmarks_use_public_apis_only() -> None:
     assert bad == []
 
 
-def test_no_python_file_over_400_lines() -> None:
-    long = []
+def test_no_file_is_squeezed_to_a_size() -> None:
+    """The formatter decides the layout; a file too long for its concepts is split, not squeezed."""
+    squeezed = []
     for folder in ("parrot", "tests", "benchmarks", "examples", "scripts"):
         for path in (REPO / folder).rglob("*.py"):
-            num_lines = len(path.read_text().splitlines())
-            if num_lines > MAX_LINES:
-                long.append(f"{path.relative_to(REPO)}: {num_lines}")
-    assert long == []
+            if path == Path(__file__).resolve():
+                continue  # this test names the markers it looks for
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if "fmt: skip" in line or "fmt: off" in line:
+                    squeezed.append(f"{path.relative_to(REPO)}:{i}")
+    assert squeezed == []
 
 
 def test_every_folder_has_a_readme() -> None:

@@ -11,7 +11,7 @@ step: views of changed calls, the policy's plan, applying it), its mean and p99,
 dispatched call; the manager's memory per application (tracemalloc while submitting, before any
 step runs); the garbage collector's share of the run's wall time and its longest pause (the
 process's collector set as `parrot serve` sets it: parrot/web/heap.py). Writes results.json,
-results.md and manifest.json to `--out` (default bench_results/sim-manager-scale).
+results.md and manifest.json to `--out` (default bench_results/sim-manager-scale-<machine kind>).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.netsim import RttModel
-from benchmarks.common.resultset import RESULTS, write_manifest
+from benchmarks.common.resultset import default_out, write_manifest
 from benchmarks.sim.cluster import CONFIGS, Call, Cluster, Input, Ref, run_parrot, tokenizer_folder
 from benchmarks.sim.words import Words
 from parrot.serve.policy.plan import Plan, Snapshot
@@ -36,7 +36,7 @@ from parrot.sim.loop import run_virtual
 from parrot.text import Tokenizer
 from parrot.web.heap import settle_heap
 
-OUT = RESULTS / "sim-manager-scale"
+OUT = default_out("sim-manager-scale")
 
 
 def app_calls(words: Words, system: str, i: int) -> list[Call]:

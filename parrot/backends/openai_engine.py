@@ -261,9 +261,15 @@ class OpenAIEngineClient:
         if not req.watched and self.ask_token_ids:  # vLLM's dialect: chunks of several tokens
             interval = max(interval, UNWATCHED_STREAM_INTERVAL)
         body = completion_body(
-            info["model"], ctx.token_ids, sampling, max_tokens, self.ask_token_ids, priority, interval,
+            info["model"],
+            ctx.token_ids,
+            sampling,
+            max_tokens,
+            self.ask_token_ids,
+            priority,
+            interval,
             req.logprobs or not self._upstream.ids_without_logprobs,
-        )  # fmt: skip
+        )
         rule = StopRule(self._eos_ids, sampling.ignore_eos)
         retokenize = self._tokenizer.encode if self._tokenizer is not None else None
         ctx.generating = True

@@ -331,8 +331,11 @@ class LLMEngine:
                     return plan
                 if plan.failed:
                     continue
-            if not block or (not self._cv.wait(IDLE_EXIT_S) and not (self.scheduler.has_work() or self._aborted)
-                             and others_started(self)):  # fmt: skip
+            if not block or (
+                not self._cv.wait(IDLE_EXIT_S)
+                and not (self.scheduler.has_work() or self._aborted)
+                and others_started(self)
+            ):
                 return None
 
     def _apply(

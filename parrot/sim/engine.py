@@ -101,8 +101,12 @@ class SimEngine:
         fill = req.fill_part()
         if fill is None:
             check_context_ids(self.kv.contexts, req.context_id, req.parent_context_id, must_exist=True)
-            fill = FillRequest(context_id=req.context_id, token_ids=[], parent_context_id=req.parent_context_id,
-                               append=req.parent_context_id is None)  # fmt: skip
+            fill = FillRequest(
+                context_id=req.context_id,
+                token_ids=[],
+                parent_context_id=req.parent_context_id,
+                append=req.parent_context_id is None,
+            )
         wait_for = self._create(fill)
         req = req.generate_part()
         ctx = self.kv.contexts[req.context_id]

@@ -15,7 +15,7 @@ process pay more than it needs to:
   event-loop turns (a call's views, its tasks, its events) into the older generations, where only
   a full collection frees them; with 10k applications in flight on 256 simulated engines the
   collector takes 45 of 86 s of wall time (30 full collections) with neither the freeze nor this
-  threshold raised to 10,000, 21 of 67 s (6 full ones) with both (`benchmarks.sim_scale` reports the
+  threshold raised to 10,000, 21 of 67 s (6 full ones) with both (`benchmarks.sim.scale` reports the
   collector's share of each run: bench_results/sim-manager-scale/).
 - Full collections walk the whole heap (~1.5 s with 10k applications in flight) and CPython starts
   one every 10 collections of the middle generation once the objects promoted since the last one
@@ -26,7 +26,7 @@ process pay more than it needs to:
   collector), so those walks find nothing of theirs to free: the oldest threshold is 100, not 10
   (a full collection at most every ~10M allocations; the quarter rule stays).
 
-Applied by the processes Parrot owns (`parrot serve`, `parrot engine`, and `benchmarks.sim_scale`,
+Applied by the processes Parrot owns (`parrot serve`, `parrot engine`, and `benchmarks.sim.scale`,
 which stands for a serving manager), not by `start_embedded`: a program that embeds Parrot keeps
 its own collector settings.
 """

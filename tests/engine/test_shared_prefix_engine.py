@@ -45,8 +45,9 @@ def drain(events: queue.Queue) -> list[tuple[int, float]]:
             return tokens
 
 
-def generate_forks(engine: LLMEngine, prefix: list[int], docs: list[list[int]], turns: list[list[int]],
-                   max_tokens: int) -> list[list[tuple[int, float]]]:  # fmt: skip
+def generate_forks(
+    engine: LLMEngine, prefix: list[int], docs: list[list[int]], turns: list[list[int]], max_tokens: int
+) -> list[list[tuple[int, float]]]:
     """A system prompt, documents forked from it, turns forked from each; all turns decode together."""
     drain(submit(engine, "submit_fill", FillRequest(context_id="sys", token_ids=prefix)))
     for d, doc in enumerate(docs):
@@ -86,8 +87,12 @@ def run_engine(folder: Path, attention: str, block_size: int, dtype: str = "floa
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_engine_tokens_equal_per_context(tiny_model_folder: Path, block_size: int) -> None:
     # 7 turns under a 600-token system prompt: a group for the native kernels' grouping (4 x 512) too
-    kw = {"prefix": prompt(0, 600), "docs": [prompt(1, 280), prompt(2, 300)],
-          "turns": [prompt(10 + i, 3 + 5 * i) for i in range(7)], "max_tokens": 8}  # fmt: skip
+    kw = {
+        "prefix": prompt(0, 600),
+        "docs": [prompt(1, 280), prompt(2, 300)],
+        "turns": [prompt(10 + i, 3 + 5 * i) for i in range(7)],
+        "max_tokens": 8,
+    }
     paged, _ = run_engine(tiny_model_folder, "paged", block_size, **kw)
     shared, backend = run_engine(tiny_model_folder, "shared_prefix", block_size, **kw)
     assert isinstance(backend, SharedPrefixAttention) and backend.num_shared_steps > 0
@@ -104,10 +109,20 @@ def test_real_model_forked_batch_same_greedy_tokens(default_model_folder: Path) 
         "You are a careful assistant for a public library. Answer in one short sentence, name the source "
         "when you know it, and say so plainly when you do not know. "
     ) * 16
-    questions = ["What is the capital of France?", "Who wrote Hamlet?", "How many legs does a spider have?",
-                 "What is the boiling point of water?", "Name a primary colour.", "What is 12 times 12?"]  # fmt: skip
-    kw = {"prefix": tok.encode(system), "docs": [], "turns": [tok.encode(" Question: " + q) for q in questions],
-          "max_tokens": 16}  # fmt: skip
+    questions = [
+        "What is the capital of France?",
+        "Who wrote Hamlet?",
+        "How many legs does a spider have?",
+        "What is the boiling point of water?",
+        "Name a primary colour.",
+        "What is 12 times 12?",
+    ]
+    kw = {
+        "prefix": tok.encode(system),
+        "docs": [],
+        "turns": [tok.encode(" Question: " + q) for q in questions],
+        "max_tokens": 16,
+    }
     assert len(kw["prefix"]) >= 512  # 6 rows x 512+ shared tokens: grouped by any backend's grouping
     paged, _ = run_engine(default_model_folder, "paged", 16, **kw)
     shared, backend = run_engine(default_model_folder, "shared_prefix", 16, **kw)

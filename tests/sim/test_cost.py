@@ -14,13 +14,46 @@ from parrot.sim.profiles import HardwareProfile, ModelProfile
 #   body  = 2 x (8 x (2 + 4) x 4 + 2 x 4 x 8 + 3 x 8 x 16) = 2 x (192 + 64 + 384) = 1280
 #   head  = 10 x 8 = 80;  weights streamed = 1360 bytes;  KV bytes per token = 2 x 2 x 2 x 4 = 32
 #   attention FLOPs per (query, key) pair = 4 x 2 x 2 x 4 = 64
-MODEL = ModelProfile("toy", "", layers=2, hidden=8, heads=2, kv_heads=2, head_dim=4, intermediate=16, vocab=10,
-                     tied_embeddings=True, dtype_bytes=1)  # fmt: skip
+MODEL = ModelProfile(
+    "toy",
+    "",
+    layers=2,
+    hidden=8,
+    heads=2,
+    kv_heads=2,
+    head_dim=4,
+    intermediate=16,
+    vocab=10,
+    tied_embeddings=True,
+    dtype_bytes=1,
+)
 # 1 MFLOP/s and 1 MB/s effective, 10 ms per step, 1 ms per sampled row.
-GPU = HardwareProfile("toy-gpu", "", peak_tflops=1e-6, mem_gb=1.0, mem_bw_gbps=1e-3, mfu=1.0, bw_efficiency=1.0,
-                      step_overhead_ms=10.0, row_overhead_ms=1.0, combine="max", gpu_mem_util=1.0)  # fmt: skip
-CPU = HardwareProfile("toy-cpu", "", peak_tflops=1e-6, mem_gb=1.0, mem_bw_gbps=1e-3, mfu=1.0, bw_efficiency=1.0,
-                      step_overhead_ms=10.0, row_overhead_ms=1.0, combine="sum", gpu_mem_util=1.0)  # fmt: skip
+GPU = HardwareProfile(
+    "toy-gpu",
+    "",
+    peak_tflops=1e-6,
+    mem_gb=1.0,
+    mem_bw_gbps=1e-3,
+    mfu=1.0,
+    bw_efficiency=1.0,
+    step_overhead_ms=10.0,
+    row_overhead_ms=1.0,
+    combine="max",
+    gpu_mem_util=1.0,
+)
+CPU = HardwareProfile(
+    "toy-cpu",
+    "",
+    peak_tflops=1e-6,
+    mem_gb=1.0,
+    mem_bw_gbps=1e-3,
+    mfu=1.0,
+    bw_efficiency=1.0,
+    step_overhead_ms=10.0,
+    row_overhead_ms=1.0,
+    combine="sum",
+    gpu_mem_util=1.0,
+)
 
 
 def test_derived_model_sizes() -> None:

@@ -21,15 +21,36 @@ from parrot.sim.engine import SimEngine
 from parrot.sim.loop import run_virtual
 from parrot.sim.profiles import HardwareProfile, Setup, model
 
-HW = HardwareProfile("toy", "", peak_tflops=1e12, mem_gb=1.0, mem_bw_gbps=1e12, mfu=1.0, bw_efficiency=1.0,
-                     step_overhead_ms=10.0, row_overhead_ms=0.0, combine="max", gpu_mem_util=1.0)  # fmt: skip
+HW = HardwareProfile(
+    "toy",
+    "",
+    peak_tflops=1e12,
+    mem_gb=1.0,
+    mem_bw_gbps=1e12,
+    mfu=1.0,
+    bw_efficiency=1.0,
+    step_overhead_ms=10.0,
+    row_overhead_ms=0.0,
+    combine="max",
+    gpu_mem_util=1.0,
+)
 
 
 def toy_engine(num_blocks: int = 64, budget: int = 4, **rules: Any) -> SimEngine:
     """`rules`: the setup's other step settings (cap, latency_prefill_tokens, ...)."""
     rules.setdefault("latency_max_batched_tokens", budget)
-    setup = Setup("toy", "", HW, model("smollm2-135m"), block_size=4, max_num_batched_tokens=budget,
-                  max_model_len=256, num_blocks=num_blocks, engines=1, **rules)  # fmt: skip
+    setup = Setup(
+        "toy",
+        "",
+        HW,
+        model("smollm2-135m"),
+        block_size=4,
+        max_num_batched_tokens=budget,
+        max_model_len=256,
+        num_blocks=num_blocks,
+        engines=1,
+        **rules,
+    )
     return SimEngine(setup, Path("unused"))
 
 
@@ -113,8 +134,9 @@ def test_out_of_blocks_preempts_the_lower_ranked_generation_which_recomputes() -
         # at the end: both cannot finish together, so the throughput one is preempted.
         engine = toy_engine(num_blocks=4, budget=8)
         fast = GenerateRequest(context_id="lat", token_ids=[1] * 4, sampling=SamplingParams(max_tokens=6))
-        slow = GenerateRequest(context_id="tput", token_ids=[2] * 4, sampling=SamplingParams(max_tokens=6),
-                               objective=Objective.THROUGHPUT)  # fmt: skip
+        slow = GenerateRequest(
+            context_id="tput", token_ids=[2] * 4, sampling=SamplingParams(max_tokens=6), objective=Objective.THROUGHPUT
+        )
         (lat_events, lat_t), (tput_events, tput_t) = await asyncio.gather(collect(engine, fast), collect(engine, slow))
         assert [len(lat_events), len(tput_events), engine.scheduler.num_preemptions] == [6, 6, 1]
         # steps 1-5: both prefill (1 block each), then decode into a second block each, 5 tokens
@@ -135,8 +157,9 @@ def test_out_of_blocks_preempts_the_lower_ranked_generation_which_recomputes() -
 
 
 def gen(context_id: str, num_prompt: int, max_tokens: int, **fields: Any) -> GenerateRequest:
-    return GenerateRequest(context_id=context_id, token_ids=[3] * num_prompt,
-                           sampling=SamplingParams(max_tokens=max_tokens), **fields)  # fmt: skip
+    return GenerateRequest(
+        context_id=context_id, token_ids=[3] * num_prompt, sampling=SamplingParams(max_tokens=max_tokens), **fields
+    )
 
 
 @pytest.mark.parametrize(

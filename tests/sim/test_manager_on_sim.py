@@ -16,13 +16,34 @@ from parrot.sim.engine import SimEngine
 from parrot.sim.loop import run_virtual
 from parrot.sim.profiles import HardwareProfile, Setup, model
 
-HW = HardwareProfile("toy", "", peak_tflops=1e12, mem_gb=1.0, mem_bw_gbps=1e12, mfu=1.0, bw_efficiency=1.0,
-                     step_overhead_ms=10.0, row_overhead_ms=0.0, combine="max", gpu_mem_util=1.0)  # fmt: skip
+HW = HardwareProfile(
+    "toy",
+    "",
+    peak_tflops=1e12,
+    mem_gb=1.0,
+    mem_bw_gbps=1e12,
+    mfu=1.0,
+    bw_efficiency=1.0,
+    step_overhead_ms=10.0,
+    row_overhead_ms=0.0,
+    combine="max",
+    gpu_mem_util=1.0,
+)
 
 
 def run_chain(folder: Path) -> tuple[float, list[str], list[int]]:
-    setup = Setup("toy", "", HW, model("smollm2-135m"), block_size=16, max_num_batched_tokens=256,
-                  latency_max_batched_tokens=256, max_model_len=4096, num_blocks=512, engines=2)  # fmt: skip
+    setup = Setup(
+        "toy",
+        "",
+        HW,
+        model("smollm2-135m"),
+        block_size=16,
+        max_num_batched_tokens=256,
+        latency_max_batched_tokens=256,
+        max_model_len=4096,
+        num_blocks=512,
+        engines=2,
+    )
     engines = [SimEngine(setup, folder), SimEngine(setup, folder)]
     out = SamplingParams(max_tokens=4, ignore_eos=True)
 

@@ -121,7 +121,7 @@ def native_pieces(plan: SharedPrefixPlan, block_size: int, piece_tokens: int = 2
 # context (more launches, the merge), so a group pays only where reading its prefix once spares
 # reads worth more than that: on an H200, from ~48 MB of K and V reads per layer (graph-timed, 30 bf16
 # shapes of 4-64 rows over 1,024-8,192 tokens, two head layouts: at 44 MB and below 0.6-0.9x the
-# per-context kernels, at 47 MB 1.0x, from 49 MB 1.1-3.7x; scripts/gpu_attention_check.py --sweep,
+# per-context kernels, at 47 MB 1.0x, from 49 MB 1.1-3.7x; benchmarks/attention/gpu.py --sweep,
 # bench_results/attention-gpu-h200/sweep/).
 TRITON_MIN_SAVED_BYTES = 48_000_000
 

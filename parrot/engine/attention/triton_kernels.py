@@ -69,12 +69,30 @@ if triton is not None:
 
     @triton.jit
     def _partial_attention_kernel(
-        q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, l_ptr, work_ptr, rows_ptr, blocks_ptr,
-        stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-        qk_scale, block_size,
-        G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ):  # fmt: skip
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        m_ptr,
+        l_ptr,
+        work_ptr,
+        rows_ptr,
+        blocks_ptr,
+        stride_qb,
+        stride_qh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        qk_scale,
+        block_size,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
         work = work_ptr + tl.program_id(0) * 7
         kvh = tl.program_id(1)
         row_off, num_q = tl.load(work), tl.load(work + 1) * G
@@ -120,9 +138,18 @@ if triton is not None:
 
     @triton.jit
     def _merge_kernel(
-        o_ptr, m_ptr, l_ptr, offsets_ptr, entries_ptr, out_ptr, stride_out,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
+        o_ptr,
+        m_ptr,
+        l_ptr,
+        offsets_ptr,
+        entries_ptr,
+        out_ptr,
+        stride_out,
+        G: tl.constexpr,
+        GP: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         num_kv = tl.num_programs(1)
@@ -192,14 +219,22 @@ class TritonCascadeMeta:
         suffix_m = max(16, next_pow2(num_groups))
         num_entries = 0
 
-        def add(work: list[list[int]], seg_rows: np.ndarray, row_off: int, block_off: int, num_tokens: int,
-                split: int, block_m: int) -> None:  # fmt: skip
+        def add(
+            work: list[list[int]],
+            seg_rows: np.ndarray,
+            row_off: int,
+            block_off: int,
+            num_tokens: int,
+            split: int,
+            block_m: int,
+        ) -> None:
             nonlocal num_entries
             for tok in range(0, num_tokens, split):
                 entry_rows.append(seg_rows)
                 for m_start in range(0, len(seg_rows) * num_groups, block_m):
-                    work.append([row_off, len(seg_rows), m_start, block_off, tok, min(num_tokens, tok + split),
-                                 num_entries])  # fmt: skip
+                    work.append(
+                        [row_off, len(seg_rows), m_start, block_off, tok, min(num_tokens, tok + split), num_entries]
+                    )
                 num_entries += len(seg_rows)
 
         if prefix_split is None:
@@ -213,8 +248,15 @@ class TritonCascadeMeta:
         suffix_work: list[list[int]] = []
         tail_row_off, tail_block_off = int(row_offs[-2]), int(block_offs[-2])
         for b in range(num_rows):
-            add(suffix_work, rows[-1][b : b + 1], tail_row_off + b, tail_block_off + b * tail_width,
-                int(plan.tail_lens[b]), tail_split, suffix_m)  # fmt: skip
+            add(
+                suffix_work,
+                rows[-1][b : b + 1],
+                tail_row_off + b,
+                tail_block_off + b * tail_width,
+                int(plan.tail_lens[b]),
+                tail_split,
+                suffix_m,
+            )
         entry_row = np.concatenate(entry_rows)
         order = np.argsort(entry_row, kind="stable")
         offsets = np.concatenate([[0], np.cumsum(np.bincount(entry_row, minlength=num_rows))])
@@ -263,14 +305,42 @@ def cascade_decode(
         if p.work.shape[0] == 0:
             continue
         _partial_attention_kernel[(p.work.shape[0], hkv)](
-            q, k_cache, v_cache, o_ws, m_ws, l_ws, p.work, meta.rows, meta.blocks,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            scale * LOG2E, block_size,
-            G=g, D=d, BLOCK_D=block_d, BLOCK_M=p.block_m, BLOCK_N=64, UPCAST=upcast, DOT_PRECISION=precision,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            o_ws,
+            m_ws,
+            l_ws,
+            p.work,
+            meta.rows,
+            meta.blocks,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            scale * LOG2E,
+            block_size,
+            G=g,
+            D=d,
+            BLOCK_D=block_d,
+            BLOCK_M=p.block_m,
+            BLOCK_N=64,
+            UPCAST=upcast,
+            DOT_PRECISION=precision,
+        )
     out = torch.empty(b, hq * d, dtype=q.dtype, device=q.device)
     _merge_kernel[(b, hkv)](
-        o_ws, m_ws, l_ws, meta.entry_offsets, meta.entry_ids, out, out.stride(0),
-        G=g, GP=next_pow2(g), D=d, BLOCK_D=block_d,
-    )  # fmt: skip
+        o_ws,
+        m_ws,
+        l_ws,
+        meta.entry_offsets,
+        meta.entry_ids,
+        out,
+        out.stride(0),
+        G=g,
+        GP=next_pow2(g),
+        D=d,
+        BLOCK_D=block_d,
+    )
     return out
