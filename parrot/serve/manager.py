@@ -72,9 +72,13 @@ class Manager:
         self.sessions = SessionRegistry(self.config, self.run_id, clock)
         self.prefix_cache = PrefixCache()
         self.prefixes = (
-            PrefixContexts(self.prefix_cache, self.config, self.run_id, clock) if self.config.prefix_sharing else None
+            PrefixContexts(self.prefix_cache, self.config, self.run_id, clock)
+            if self.config.sharing.prefix_sharing
+            else None
         )
-        lease = LeaseRequest(prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.context_lease_s)
+        lease = LeaseRequest(
+            prefixes=[f"s-{self.run_id}-", f"pfx-{self.run_id}-"], ttl_s=self.config.engines.context_lease_s
+        )
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
@@ -94,7 +98,7 @@ class Manager:
     async def drain_in_flight(self, grace_s: float | None = None) -> int:
         """Stop admitting work (503); wait up to `grace_s` for no call in flight; return those left."""
         self.draining = True
-        deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None else grace_s)
+        deadline = self.clock.now() + (self.config.lifecycle.shutdown_grace_s if grace_s is None else grace_s)
         while (num := self.executor.num_in_flight()) and self.clock.now() < deadline:
             await self.clock.sleep(0.05)
         if num:
@@ -209,7 +213,7 @@ class Manager:
 
     async def _expire_loop(self) -> None:
         while True:
-            await self.clock.sleep(self.config.expiry_interval_s)
+            await self.clock.sleep(self.config.lifecycle.expiry_interval_s)
             for session in self.sessions.expired():
                 log.info("session %s expired", session.session_id)
                 await self.delete_session(session, f"expired after {session.idle_timeout_s:g} s idle")
@@ -334,7 +338,7 @@ class Manager:
         if var.is_done:
             raise conflict(f"variable {var_id!r} is already set", field="value")
         if value is not None:
-            session.check_chars(len(value), self.config.max_chars_per_session, "value")
+            session.check_chars(len(value), self.config.limits.max_chars_per_session, "value")
             var.set(value)
             session.num_chars += len(value)
         else:

@@ -52,7 +52,7 @@ def create_app(
     app.state.connect_engine = connect_engine
     install_error_handlers(app)
     document_errors(app, ErrorResponse)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=manager.config.limits.max_body_bytes)
     app.include_router(sessions_router)
     app.include_router(runs_router)
     app.include_router(openai_router)

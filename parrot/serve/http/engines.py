@@ -39,7 +39,7 @@ async def register_engine(
 ) -> EngineInfo:
     """Connect to an engine server and start scheduling calls onto it (operators only)."""
     manager.sessions.require_operator(api_key)
-    check_engine_url(req.url, manager.config.engine_url_allowlist)
+    check_engine_url(req.url, manager.config.auth.engine_url_allowlist)
     connect: EngineConnector | None = request.app.state.connect_engine
     if connect is None:
         raise ParrotError("this manager was started without engine registration", status=501, field="url")

@@ -38,7 +38,7 @@ MAX_SVG_NODES = 1000  # larger DAGs are not drawn (Graphviz would take seconds a
 
 
 def _require_operator(manager: Manager, api_key: str | None) -> None:
-    if not manager.config.open_access:
+    if not manager.config.auth.open_access:
         manager.sessions.require_operator(api_key)
 
 

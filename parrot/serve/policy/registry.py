@@ -1,4 +1,4 @@
-"""Scheduling policies by name (`ManagerConfig.policy`, `parrot serve --policy`)."""
+"""Scheduling policies by name (`ManagerConfig.scheduling.policy`, `parrot serve --policy`)."""
 
 from __future__ import annotations
 

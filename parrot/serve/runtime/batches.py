@@ -58,22 +58,22 @@ def stage_batch(
     graph = session.graph
     staged = graph.stage(var_specs, calls, prefix)
     num_variables = len(graph.variables) + len(staged.variables) + len(staged.inline_variables)
-    if num_variables > config.max_variables_per_session:
+    if num_variables > config.limits.max_variables_per_session:
         raise ParrotError(
-            f"the session would hold {num_variables} variables; the limit is {config.max_variables_per_session}",
+            f"the session would hold {num_variables} variables; the limit is {config.limits.max_variables_per_session}",
             status=413,
             field="variables",
         )
     num_calls = len(graph.calls) + len(staged.calls)
-    if num_calls > config.max_calls_per_session:
+    if num_calls > config.limits.max_calls_per_session:
         raise ParrotError(
-            f"the session would hold {num_calls} calls; the limit is {config.max_calls_per_session}",
+            f"the session would hold {num_calls} calls; the limit is {config.limits.max_calls_per_session}",
             status=413,
             field="calls",
         )
     staged.num_chars = batch_chars(var_specs, [spec for spec, _, _ in calls])
-    staged.points_block_tokens = config.prefix_block_tokens if config.prefix_sharing else None
-    session.check_chars(staged.num_chars, config.max_chars_per_session, "calls" if calls else "variables")
+    staged.points_block_tokens = config.sharing.prefix_block_tokens if config.sharing.prefix_sharing else None
+    session.check_chars(staged.num_chars, config.limits.max_chars_per_session, "calls" if calls else "variables")
     variables = collections.ChainMap({v.var_id: v for v in staged.variables + staged.inline_variables}, graph.variables)
     return staged, variables
 

@@ -122,7 +122,7 @@ class CallRunner:
         if self.prefixes is None:
             token_ids = render_prompt(self.call, self.variables, tokenizer, stop).token_ids
         else:
-            block_tokens = self.prefixes.config.prefix_block_tokens
+            block_tokens = self.prefixes.config.sharing.prefix_block_tokens
             token_ids, points = prompt_points(self.call, self.variables, tokenizer, stop, block_tokens)
         if self.has_context and token_ids[: len(self.prompt_ids)] != self.prompt_ids:
             # What an earlier fill put in our context is not a prefix of the prompt's tokens (the

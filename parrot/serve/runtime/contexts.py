@@ -135,7 +135,7 @@ class PrefixContexts:
             points,
             hit_tokens=hit_tokens,
             num_sharers=self.cache.num_sharers,
-            min_tokens=self.config.min_prefix_tokens,
+            min_tokens=self.config.sharing.min_prefix_tokens,
             include_deepest=include_deepest,
         ):
             existing = self.cache.get(engine.engine_id, point.prefix_hash)
@@ -217,8 +217,8 @@ class PrefixContexts:
         victims = plan_evictions(
             self.cache.entries(engine.engine_id),
             memory,
-            self.config.prefix_evict_below_free,
-            self.config.prefix_evict_to_free,
+            self.config.sharing.prefix_evict_below_free,
+            self.config.sharing.prefix_evict_to_free,
         )
         for entry in victims:
             self.cache.remove(entry)

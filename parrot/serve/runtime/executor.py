@@ -56,7 +56,7 @@ class GraphExecutor:
         self.config = config
         self.prefixes = prefixes
         self.on_engine_error = on_engine_error  # the health monitor probes the engine
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.scheduling.policy)
         self._runs: dict[CallKey, CallRun] = {}  # the table (module docstring)
         self._sessions: dict[str, Session] = {}  # the sessions of the table's calls
         self._deduce: dict[str, Session] = {}  # sessions whose objectives need deducing again
@@ -183,8 +183,8 @@ class GraphExecutor:
         return plan
 
     def _deduce_objectives(self, session: Session) -> None:
-        deduce = self.config.objective_deduction
-        for call_id in apply_deductions(session.graph, session.runs, self.config.default_objective, deduce):
+        deduce = self.config.scheduling.objective_deduction
+        for call_id in apply_deductions(session.graph, session.runs, self.config.scheduling.default_objective, deduce):
             self._mark_dirty((session.session_id, call_id))
 
     def snapshot(self) -> Snapshot:
@@ -334,10 +334,10 @@ class GraphExecutor:
                 await runner.rebind(engine)
             if runner.engine_lost:
                 raise EngineUnavailable(f"engine {engine.engine_id} died before call {call.call_id} ran")
-            async with asyncio.timeout(self.config.call_deadline_s):  # in this task: no extra hop
+            async with asyncio.timeout(self.config.limits.call_deadline_s):  # in this task: no extra hop
                 await runner.run()
         except TimeoutError:
-            deadline = self.config.call_deadline_s
+            deadline = self.config.limits.call_deadline_s
             error = ParrotError(f"call {call.call_id} ran past its deadline of {deadline:g} s", status=504)
         except EngineUnavailable as e:
             if self._requeue(session, key, run, runner):
@@ -367,7 +367,7 @@ class GraphExecutor:
     def _requeue(self, session: Session, key: CallKey, run: CallRun, runner: CallRunner) -> bool:
         """Put a call whose engine stopped answering back to waiting; False if out of attempts."""
         run.num_attempts += 1
-        if run.num_attempts >= self.config.max_call_attempts:
+        if run.num_attempts >= self.config.engines.max_call_attempts:
             return False
         outputs = [session.graph.variables[v] for v in run.call.outputs.values()]
         if self._runs.get(key) is not run or any(var.error is not None for var in outputs):

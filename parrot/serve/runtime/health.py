@@ -62,18 +62,18 @@ class HealthMonitor:
         self._task = None
 
     def calibrate(self, handle: EngineHandle) -> None:
-        max_cap = handle.max_running_calls or self.config.max_running_calls_per_engine
-        handle.latency_cap = self.config.latency_cap_calls or calibrate_latency_cap(
+        max_cap = handle.max_running_calls or self.config.scheduling.max_running_calls_per_engine
+        handle.latency_cap = self.config.scheduling.latency_cap_calls or calibrate_latency_cap(
             handle.stats.step_ms_by_num_tokens,
-            self.config.tpot_target_ms,
-            fallback=self.config.initial_latency_cap_calls,
+            self.config.scheduling.tpot_target_ms,
+            fallback=self.config.scheduling.initial_latency_cap_calls,
             max_cap=max_cap,
-            floor_slack=self.config.tpot_floor_slack,
+            floor_slack=self.config.scheduling.tpot_floor_slack,
         )
 
     async def _loop(self) -> None:
         while True:
-            await self.pool.clock.sleep(self.config.heartbeat_interval_s)
+            await self.pool.clock.sleep(self.config.engines.heartbeat_interval_s)
             await asyncio.gather(*(self.probe(h) for h in self.pool.alive), return_exceptions=True)
 
     def suspect(self, engine_id: str) -> None:
@@ -91,12 +91,12 @@ class HealthMonitor:
         if not handle.alive:
             return False
         try:
-            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+            async with asyncio.timeout(self.config.engines.heartbeat_timeout_s):
                 stats = await handle.client.stats()
         except (ParrotError, TimeoutError, OSError) as e:
             refused = suspected and isinstance(e, EngineUnavailable)
             silent_s = self.pool.clock.now() - handle.last_heartbeat
-            if refused or silent_s >= self.config.engine_dead_after_s:
+            if refused or silent_s >= self.config.engines.engine_dead_after_s:
                 self.declare_dead(handle, f"{type(e).__name__}: {e}")
             return False
         handle.stats = stats
@@ -119,7 +119,7 @@ class HealthMonitor:
         if now - self._lease_renewed.get(handle.engine_id, -math.inf) < self.lease.ttl_s / 4:
             return
         try:
-            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+            async with asyncio.timeout(self.config.engines.heartbeat_timeout_s):
                 await handle.client.renew_lease(self.lease)
             self._lease_renewed[handle.engine_id] = now
         except (ParrotError, TimeoutError, OSError) as e:  # the next heartbeat tries again

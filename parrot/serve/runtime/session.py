@@ -53,7 +53,7 @@ class Session:
         self.last_active = self.clock.now()
         self.num_waiting_gets = 0  # a waiting get keeps the session alive
         self.submitting = False  # a batch is being tokenized off the event loop (manager.submit_async)
-        self.num_chars = 0  # text stored: templates and input values (ManagerConfig.max_chars_per_session)
+        self.num_chars = 0  # text stored: templates and input values (ManagerConfig.limits.max_chars_per_session)
 
     @property
     def num_open_calls(self) -> int:
@@ -121,14 +121,16 @@ class SessionRegistry:
         self._committed: dict[str, list[int]] = {}
         self._by_token_hash: dict[str, Session] = {}
         self._tombstones: OrderedDict[str, tuple[str, str]] = OrderedDict()  # token hash -> (session_id, why)
-        self.rates = RateLimiter(config.max_requests_per_s_per_tenant, config.request_burst_per_tenant, clock.now)
+        self.rates = RateLimiter(
+            config.limits.max_requests_per_s_per_tenant, config.limits.request_burst_per_tenant, clock.now
+        )
 
     def tenant_of(self, api_key: str | None) -> str:
         """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
         if not api_key:
             raise ParrotError("missing API key: send `Authorization: Bearer <key>`", status=401, field="authorization")
         config = self.config
-        if not config.open_access and not _key_in(api_key, (*config.api_keys, *config.operator_keys)):
+        if not config.auth.open_access and not _key_in(api_key, (*config.auth.api_keys, *config.auth.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
         tenant = "tenant-" + _hash(api_key)[:16]
         self.rates.charge(tenant)
@@ -149,7 +151,7 @@ class SessionRegistry:
         return self._by_tenant.get(tenant, set())
 
     def is_operator(self, api_key: str) -> bool:
-        return self.config.open_access or _key_in(api_key, self.config.operator_keys)
+        return self.config.auth.open_access or _key_in(api_key, self.config.auth.operator_keys)
 
     def require_operator(self, api_key: str | None) -> None:
         """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
@@ -157,7 +159,7 @@ class SessionRegistry:
         assert api_key is not None
         if not self.is_operator(api_key):
             raise ParrotError(
-                "this needs an operator key (ManagerConfig.operator_keys)", status=403, field="authorization"
+                "this needs an operator key (ManagerConfig.auth.operator_keys)", status=403, field="authorization"
             )
 
     def check_tenant_load(self, tenant: str, num_calls: int = 0, num_tokens: int = 0) -> None:
@@ -169,14 +171,14 @@ class SessionRegistry:
             (
                 "unfinished calls",
                 num_calls,
-                self.config.max_open_calls_per_tenant,
+                self.config.limits.max_open_calls_per_tenant,
                 bounds[0],
                 lambda s: s.num_open_calls,
             ),
             (
                 "tokens in flight (prompts and max_tokens of unfinished calls)",
                 num_tokens,
-                self.config.max_tokens_in_flight_per_tenant,
+                self.config.limits.max_tokens_in_flight_per_tenant,
                 bounds[1],
                 lambda s: s.num_tokens_in_flight,
             ),
@@ -211,9 +213,11 @@ class SessionRegistry:
         return self.authenticate(token, session_id)
 
     def create(self, tenant: str, idle_timeout_s: float | None = None) -> tuple[Session, str]:
-        if len(self.sessions) >= self.config.max_sessions:
-            raise ParrotError(f"too many sessions (limit {self.config.max_sessions})", status=429, retry_after_s=5)
-        limit = self.config.max_sessions_per_tenant
+        if len(self.sessions) >= self.config.limits.max_sessions:
+            raise ParrotError(
+                f"too many sessions (limit {self.config.limits.max_sessions})", status=429, retry_after_s=5
+            )
+        limit = self.config.limits.max_sessions_per_tenant
         if len(self._by_tenant.get(tenant, ())) >= limit:
             raise ParrotError(
                 f"this API key has {limit} open sessions, its limit: delete finished ones", status=429, retry_after_s=5
@@ -221,7 +225,7 @@ class SessionRegistry:
         session_id = f"s-{self.run_id}-{secrets.token_hex(8)}"  # its contexts' ids start with it
         token = f"pst-{self.run_id}.{secrets.token_urlsafe(32)}"
         session = Session(
-            session_id, tenant, _hash(token), idle_timeout_s or self.config.session_idle_timeout_s, self.clock
+            session_id, tenant, _hash(token), idle_timeout_s or self.config.limits.session_idle_timeout_s, self.clock
         )
         self.sessions[session_id] = session
         self._by_tenant.setdefault(tenant, set()).add(session)

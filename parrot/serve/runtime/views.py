@@ -68,7 +68,7 @@ class CallViews:
         points: tuple[PrefixPoint, ...] = ()
         if self.cache is not None and failed is None and num_ready > 0:
             tokenizer = self.pool.for_model(call.model).tokenizer
-            _, points = prompt_points(call, variables, tokenizer, num_ready, self.config.prefix_block_tokens)
+            _, points = prompt_points(call, variables, tokenizer, num_ready, self.config.sharing.prefix_block_tokens)
             self.cache.note_call(key, points)
         run.prefix_points = points
         run.prefix_hashes = frozenset(p.prefix_hash for p in points)
@@ -111,9 +111,9 @@ class CallViews:
                 h.engine_id,
                 h.model,
                 h.num_running_calls,
-                h.max_running_calls or self.config.max_running_calls_per_engine,
+                h.max_running_calls or self.config.scheduling.max_running_calls_per_engine,
                 h.num_early_filled_calls,
-                self.config.max_early_filled_calls_per_engine,
+                self.config.scheduling.max_early_filled_calls_per_engine,
                 alive=h.alive and not h.suspected,
                 num_latency_calls=h.num_latency_calls,
                 latency_cap=h.latency_cap,
@@ -123,9 +123,9 @@ class CallViews:
         return Snapshot(
             self.current(self.listed()),
             engines,
-            self.config.early_fill,
+            self.config.scheduling.early_fill,
             now=self.pool.clock.now(),
-            aging_s=self.config.aging_s,
+            aging_s=self.config.scheduling.aging_s,
             group_engines=placed.group_engines,
             app_engines=placed.app_engines,
             tenant_running=placed.tenant_running,
