@@ -143,7 +143,10 @@ def test_plan_names_what_is_not_available() -> None:
         "policy",
         "attention",
     }
-    assert plan_configs("smollm2-135m", "bfloat16", 2, tpot_target_ms=180.0).specs[0].manager.tpot_target_ms == 180.0
+    assert (
+        plan_configs("smollm2-135m", "bfloat16", 2, tpot_target_ms=180.0).specs[0].manager.scheduling.tpot_target_ms
+        == 180.0
+    )
     lat = next(s for s in plan.specs if s.name == "lat")
     tput = next(s for s in plan.specs if s.name == "tput")
     assert lat.engine.latency_max_batched_tokens is not None and tput.engine.latency_max_batched_tokens is None

@@ -3,8 +3,9 @@
 Parrot and the request-level baselines (a)-(c) run the same builtin engine and model; they differ
 in the client (SDK vs one request per call), the engine's latency cap, and the manager's
 optimizations. What the manager can switch off is read from `ManagerConfig` (boolean fields that
-default to on, e.g. `early_fill`, `prefix_sharing`, `objective_deduction`) and its policy registry,
-so the benchmark picks up optimizations as they land, and names the ones that are missing.
+default to on, e.g. `scheduling.early_fill`, `sharing.prefix_sharing`, `scheduling.objective_deduction`)
+and its policy registry, so the benchmark picks up optimizations as they land, and names the ones
+that are missing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, fields
 from benchmarks.apps.deploy import ServerSpec
 from parrot.engine.config import EngineConfig
 from parrot.serve import ManagerConfig
+from parrot.serve.config import SECTIONS
 from parrot.serve.policy.registry import POLICIES
 
 LATENCY_CAP_TOKENS = 128  # (a) and Parrot: batched tokens per step while latency-critical work decodes
@@ -42,16 +44,23 @@ class Plan:
     specs: list[ServerSpec]
     configs: list[Config]
     unavailable: list[str]
-    prefix_field: str | None
+    prefix_field: str | None  # the path of the prefix-sharing switch ("sharing.prefix_sharing"), if any
 
 
-# ManagerConfig switches -> the optimization tags scenarios name (see Scenario.ablations).
+# ManagerConfig switches (by field name) -> the optimization tags scenarios name (see Scenario.ablations).
 SWITCH_TAGS = {"early_fill": "early_fill", "prefix_sharing": "prefix", "objective_deduction": "objective"}
 
 
 def manager_switches() -> list[str]:
-    """ManagerConfig's on/off optimizations: boolean fields that default to on."""
-    return [f.name for f in fields(ManagerConfig) if f.default is True]
+    """ManagerConfig's on/off optimizations: the paths of boolean fields that default to on, the mapped
+    ones in SWITCH_TAGS's order (the order the ablations run and are reported in)."""
+    paths = [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in fields(cls) if f.default is True]
+    order = list(SWITCH_TAGS)
+    return sorted(paths, key=lambda p: order.index(_leaf(p)) if _leaf(p) in order else len(order))
+
+
+def _leaf(path: str) -> str:
+    return path.rpartition(".")[2]
 
 
 def _first(switches: list[str], *hints: str) -> str | None:
@@ -80,12 +89,14 @@ def plan_configs(
     switches = manager_switches()
     prefix_field = _first(switches, "prefix")
     objective_field = _first(switches, "objective", "deduc")
-    policy = APP_CENTRIC_POLICY if APP_CENTRIC_POLICY in POLICIES else ManagerConfig().policy
-    target = {"tpot_target_ms": tpot_target_ms} if tpot_target_ms and _has_field("tpot_target_ms") else {}
-    parrot_manager = ManagerConfig(policy=policy, **target)
+    defaults = ManagerConfig()
+    policy = APP_CENTRIC_POLICY if APP_CENTRIC_POLICY in POLICIES else defaults.scheduling.policy
+    target_path = "scheduling.tpot_target_ms"
+    target = {target_path: tpot_target_ms} if tpot_target_ms and _has_field(target_path) else {}
+    parrot_manager = defaults.replace({"scheduling.policy": policy, **target})
     # Request-level serving knows nothing of applications: FIFO, no objectives, no prefix reuse ((c) adds it).
-    plain = {name: False for name in (prefix_field, objective_field) if name}
-    request_manager = ManagerConfig(policy="fifo", **plain)
+    plain = {path: False for path in (prefix_field, objective_field) if path}
+    request_manager = defaults.replace({"scheduling.policy": "fifo", **plain})
     # Shared-prefix attention engages only on forked contexts, i.e. once the manager shares prefixes.
     attention = default_attention
     if prefix_field and SHARED_PREFIX_ATTENTION in _registered_backends():
@@ -113,8 +124,9 @@ def plan_configs(
         Config("b", "(b) throughput", "tput", False, about="request-level client; FIFO; no cap"),
     ]
     if prefix_field:
-        specs.append(ServerSpec("apc", engine(None), ManagerConfig(policy="fifo", **(plain | {prefix_field: True}))))
-        configs.append(Config("c", "(c) prefix reuse", "apc", False, about=f"as (b) with {prefix_field}=True"))
+        apc = defaults.replace({"scheduling.policy": "fifo", **plain, prefix_field: True})
+        specs.append(ServerSpec("apc", engine(None), apc))
+        configs.append(Config("c", "(c) prefix reuse", "apc", False, about=f"as (b) with {_leaf(prefix_field)}=True"))
 
     def ablation(
         key: str, tag: str, label: str, engine_config: EngineConfig, manager: ManagerConfig, about: str
@@ -122,19 +134,20 @@ def plan_configs(
         specs.append(ServerSpec(key, engine_config, manager))
         configs.append(Config(key, label, key, True, optimization=tag, about=about))
 
-    for name in switches:
+    for path in switches:
+        name = _leaf(path)
         if name not in SWITCH_TAGS:
             unavailable.append(
-                f"ablation of ManagerConfig.{name}: no scenario is mapped to it (benchmarks/apps/configs.py)"
+                f"ablation of ManagerConfig.{path}: no scenario is mapped to it (benchmarks/apps/configs.py)"
             )
             continue
-        manager = ManagerConfig(policy=policy, **target, **{name: False})
+        manager = defaults.replace({"scheduling.policy": policy, **target, path: False})
         label = f"Parrot w/o {name}"
         ablation(
             f"no_{name}", SWITCH_TAGS[name], label, engine(LATENCY_CAP_TOKENS, attention), manager, f"{name}=False"
         )
     if policy != "fifo":
-        manager = ManagerConfig(policy="fifo", **target)
+        manager = defaults.replace({"scheduling.policy": "fifo", **target})
         label, about = "Parrot w/ FIFO policy", "policy='fifo' (no app-centric placement or capacity)"
         ablation("fifo", "policy", label, engine(LATENCY_CAP_TOKENS, attention), manager, about)
     else:
@@ -167,8 +180,9 @@ def plan_configs(
     return Plan(specs, configs, unavailable, prefix_field)
 
 
-def _has_field(name: str) -> bool:
-    return any(f.name == name for f in fields(ManagerConfig))
+def _has_field(path: str) -> bool:
+    section, _, name = path.partition(".")
+    return section in SECTIONS and any(f.name == name for f in fields(SECTIONS[section]))
 
 
 def step_ms_at(profile: dict[int, float], num_tokens: int) -> float | None:

@@ -23,6 +23,7 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.frontend import AsyncSession, Input, Output, semantic_function
 from parrot.protocol.errors import ParrotError
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import SharingConfig
 from parrot.web.server_thread import ServerThread
 
 
@@ -66,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = AsyncEngine(engine_config(args.model))
     engine.start()
-    manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
+    manager = create_manager([engine], config=ManagerConfig(sharing=SharingConfig(prefix_sharing=False)))
     try:
         free_before = engine.engine.stats().num_blocks_free
         with ServerThread(create_app(manager, connect_engine=connect_engine)) as server:

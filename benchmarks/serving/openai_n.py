@@ -28,6 +28,7 @@ from parrot.backends.connect import connect_engine
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import SharingConfig
 from parrot.web.server_thread import ServerThread
 
 WORDS = ["river", "harbor", "lantern", "meadow", "copper", "violet", "thunder", "orchard", "glacier", "saddle"]
@@ -50,7 +51,10 @@ def main() -> None:
     engine.start()
     shared = ServerThread(create_app(create_manager([engine]), connect_engine=connect_engine), name="n-on")
     separate = ServerThread(
-        create_app(create_manager([engine], config=ManagerConfig(prefix_sharing=False)), connect_engine=connect_engine),
+        create_app(
+            create_manager([engine], config=ManagerConfig(sharing=SharingConfig(prefix_sharing=False))),
+            connect_engine=connect_engine,
+        ),
         name="n-off",
     )
     shared.start(timeout=120)

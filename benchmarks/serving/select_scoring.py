@@ -19,6 +19,7 @@ from parrot.engine.config import EngineConfig
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_manager
+from parrot.serve.config import SharingConfig
 from parrot.serve.manager import Manager
 
 OPTIONS = ["positive", "negative", "neutral", "mixed feelings"]
@@ -47,7 +48,7 @@ async def one(manager: Manager, engine: AsyncEngine, scored: bool, i: int) -> tu
 
 
 async def run(engine: AsyncEngine, rounds: int) -> None:
-    manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
+    manager = create_manager([engine], config=ManagerConfig(sharing=SharingConfig(prefix_sharing=False)))
     await manager.start()
     try:
         await one(manager, engine, True, -1)  # warm-up

@@ -22,6 +22,7 @@ from parrot.engine.model.loader import DEFAULT_MODEL, resolve_model_folder, writ
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_manager
+from parrot.serve.config import SchedulingConfig, SharingConfig
 from parrot.serve.manager import Manager
 
 PROBE = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -39,7 +40,12 @@ async def timed_call(manager: Manager, api_key: str, template: str, sampling: Sa
 async def run(
     engine: AsyncEngine, num_flood: int, flood_words: int, repeats: int, await_flood: bool = False
 ) -> tuple[float, float]:
-    manager = create_manager([engine], config=ManagerConfig(max_running_calls_per_engine=16, prefix_sharing=False))
+    manager = create_manager(
+        [engine],
+        config=ManagerConfig(
+            scheduling=SchedulingConfig(max_running_calls_per_engine=16), sharing=SharingConfig(prefix_sharing=False)
+        ),
+    )
     await manager.start()
     try:
         unloaded = [await timed_call(manager, "victim", "Hi there{{output:o}}", PROBE) for _ in range(repeats)]

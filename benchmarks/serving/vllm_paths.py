@@ -49,10 +49,13 @@ from parrot.protocol.public_api import CallSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece
 from parrot.serve import ManagerConfig, create_manager
+from parrot.serve.config import EnginesConfig
 
 STREAMED = {"stream": True, "logprobs": 0, "return_tokens_as_token_ids": True}
 IDS = {"stream": True, "return_token_ids": True}  # vLLM's token ids without logprobs
-RARE_HEARTBEATS = ManagerConfig(heartbeat_interval_s=10.0, heartbeat_timeout_s=10.0, engine_dead_after_s=60.0)
+RARE_HEARTBEATS = ManagerConfig(
+    engines=EnginesConfig(heartbeat_interval_s=10.0, heartbeat_timeout_s=10.0, engine_dead_after_s=60.0)
+)
 
 
 def burn(ms: float) -> None:

@@ -27,6 +27,7 @@ from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import ParsedTemplate, Placeholder, PlaceholderKind, TextPiece, escape_text
 from parrot.serve import Manager, ManagerConfig, create_manager
 from parrot.serve.clock import LoopClock
+from parrot.serve.config import LimitsConfig, SchedulingConfig, SharingConfig
 from parrot.sim.cost import DecodeGroup, StepCostModel, StepShape
 from parrot.sim.engine import SimEngine
 from parrot.sim.profiles import Setup
@@ -70,7 +71,7 @@ def tpot_target_ms(setup: Setup) -> float:
 
 
 class Cluster:
-    def __init__(self, setup: Setup, config: Config, num_engines: int | None = None, **manager_kw: object) -> None:
+    def __init__(self, setup: Setup, config: Config, num_engines: int | None = None) -> None:
         self.setup = setup
         self.config = config
         folder = tokenizer_folder()
@@ -79,22 +80,21 @@ class Cluster:
         self.engines = [SimEngine(setup, folder, config.shared_prefix_attention, cap) for _ in range(n)]
         # Every app is submitted by one tenant ("sim"), up to 10k at the same virtual instant: the
         # per-tenant quotas and rate limit (a production manager's defaults) are lifted.
-        limits = {
-            "max_sessions": 10**6,
-            "max_sessions_per_tenant": 10**6,
-            "max_open_calls_per_tenant": 10**7,
-            "max_tokens_in_flight_per_tenant": 10**12,
-            "max_requests_per_s_per_tenant": 1e12,
-            "request_burst_per_tenant": 10**9,
-        }
+        limits = LimitsConfig(
+            max_sessions=10**6,
+            max_sessions_per_tenant=10**6,
+            max_open_calls_per_tenant=10**7,
+            max_tokens_in_flight_per_tenant=10**12,
+            max_requests_per_s_per_tenant=1e12,
+            request_burst_per_tenant=10**9,
+        )
+        scheduling = SchedulingConfig(
+            policy=config.policy, objective_deduction=config.parrot, tpot_target_ms=tpot_target_ms(setup)
+        )
         self.manager: Manager = create_manager(
             self.engines,
             config=ManagerConfig(
-                policy=config.policy,
-                prefix_sharing=config.prefix_sharing,
-                objective_deduction=config.parrot,
-                tpot_target_ms=tpot_target_ms(setup),
-                **(limits | manager_kw),  # type: ignore[arg-type]
+                limits=limits, scheduling=scheduling, sharing=SharingConfig(prefix_sharing=config.prefix_sharing)
             ),
             clock=LoopClock(),
         )

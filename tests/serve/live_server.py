@@ -31,6 +31,7 @@ from parrot.protocol.engine_api import (
 )
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import SchedulingConfig
 from parrot.serve.manager import Manager
 from parrot.web.server_thread import ServerThread
 
@@ -155,5 +156,5 @@ def tiny_engine(tiny_model_folder: Path) -> Iterator[AsyncEngine]:
 
 @pytest.fixture
 def server(tiny_engine: AsyncEngine) -> Iterator[LiveServer]:
-    with live_server(tiny_engine, ManagerConfig(max_running_calls_per_engine=128)) as srv:
+    with live_server(tiny_engine, ManagerConfig(scheduling=SchedulingConfig(max_running_calls_per_engine=128))) as srv:
         yield srv

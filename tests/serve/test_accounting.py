@@ -9,7 +9,7 @@ import asyncio
 from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SharingConfig
 from parrot.serve.manager import create_manager
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
@@ -18,7 +18,7 @@ DOCS = "Document: the release train leaves every second Tuesday; hotfixes ride a
 
 def test_call_usage_splits_reused_early_and_computed_and_agrees_with_the_engine(tiny_engine: AsyncEngine) -> None:
     async def main() -> None:
-        manager = create_manager([tiny_engine], config=ManagerConfig(min_prefix_tokens=16))
+        manager = create_manager([tiny_engine], config=ManagerConfig(sharing=SharingConfig(min_prefix_tokens=16)))
         await manager.start()
         try:
             before = await tiny_engine.stats()

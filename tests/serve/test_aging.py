@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 from manager_harness import new_session, now, run_manager
 
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SchedulingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.call_run import CallRun, CallState
 
@@ -27,7 +27,9 @@ def flood_then_cold(folder: Path, aging_s: float, flood_s: float) -> tuple[float
     wait before dispatch, its wait measured from the flood's end, hot calls dispatched meanwhile).
     Runs on the virtual clock: every time is exact and the run takes no wall time to speak of."""
     engine = FakeEngine(folder, token_delay_s=0.01)
-    config = ManagerConfig(policy="app_centric", max_running_calls_per_engine=2, aging_s=aging_s)
+    config = ManagerConfig(
+        scheduling=SchedulingConfig(policy="app_centric", max_running_calls_per_engine=2, aging_s=aging_s)
+    )
     result: list[tuple[float, float, int]] = []
 
     async def body(manager: Manager) -> None:

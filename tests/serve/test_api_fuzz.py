@@ -26,6 +26,7 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.model.loader import write_tiny_model
 from parrot.engine.server.app import create_engine_app
 from parrot.serve import ManagerConfig
+from parrot.serve.config import AuthConfig, LimitsConfig
 from parrot.web.server_thread import ServerThread
 
 CASES_PER_API = 1000
@@ -76,7 +77,10 @@ def fuzz(base_url: str, authorize: Callable[[schemathesis.Case, int], None]) -> 
 
 
 def test_the_manager_api_holds_to_its_document(short_engine: AsyncEngine) -> None:
-    config = ManagerConfig(api_keys=("tenant",), operator_keys=("operator",), max_sessions_per_tenant=100_000)
+    config = ManagerConfig(
+        auth=AuthConfig(api_keys=("tenant",), operator_keys=("operator",)),
+        limits=LimitsConfig(max_sessions_per_tenant=100_000),
+    )
     with live_server(short_engine, config) as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT_S) as http:
 
         def new_session() -> dict[str, str]:

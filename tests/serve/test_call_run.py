@@ -13,7 +13,7 @@ from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.protocol.template import parse_template
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.policy.plan import Dispatch, EarlyFill
 from parrot.serve.runtime.call_run import CallRun, CallState, EngineSlot
@@ -94,7 +94,7 @@ def test_a_call_goes_waiting_running_done_and_leaves_the_table(default_model_fol
         await executor.drain()
         assert engine.contexts == {}
 
-    run_manager([engine], body, ManagerConfig(prefix_sharing=False), stepped=True)
+    run_manager([engine], body, ManagerConfig(sharing=SharingConfig(prefix_sharing=False)), stepped=True)
 
 
 def test_requeue_resets_exactly_the_run_fields_of_one_attempt() -> None:
@@ -171,4 +171,4 @@ def test_dropping_a_session_removes_its_records_and_frees_their_contexts(default
         assert [handle.num_running_calls, handle.num_early_filled_calls] == [0, 1]
         assert list(engine.contexts) == [f"{kept.session_id}.c0"]
 
-    run_manager([engine], body, ManagerConfig(prefix_sharing=False), stepped=True)
+    run_manager([engine], body, ManagerConfig(sharing=SharingConfig(prefix_sharing=False)), stepped=True)

@@ -23,7 +23,7 @@ from parrot.protocol.engine_api import (
 )
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import EnginesConfig, ManagerConfig, SchedulingConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.policy.prefix import PointKind, PrefixPoint, prefix_points
 from parrot.text import Tokenizer
@@ -77,7 +77,7 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
     tok = Tokenizer(default_model_folder)
     dying = MortalEngine(default_model_folder, continue_story, token_delay_s=0.01, die_after_tokens=4)
     spare = MortalEngine(default_model_folder, continue_story, token_delay_s=0.01)
-    config = ManagerConfig(heartbeat_interval_s=0.05, engine_dead_after_s=0.3)
+    config = ManagerConfig(engines=EnginesConfig(heartbeat_interval_s=0.05, engine_dead_after_s=0.3))
 
     async def body(manager: Manager) -> None:
         session = new_session(manager)
@@ -113,7 +113,10 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
 
 def test_a_silent_engine_is_declared_dead_and_gets_no_more_calls(default_model_folder: Path) -> None:
     engines = [MortalEngine(default_model_folder), MortalEngine(default_model_folder)]
-    config = ManagerConfig(heartbeat_interval_s=0.05, engine_dead_after_s=0.3, max_running_calls_per_engine=1)
+    config = ManagerConfig(
+        scheduling=SchedulingConfig(max_running_calls_per_engine=1),
+        engines=EnginesConfig(heartbeat_interval_s=0.05, engine_dead_after_s=0.3),
+    )
 
     async def body(manager: Manager) -> None:
         engines[1].dead = True
@@ -147,7 +150,10 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
     num_blocks = sum(blocks.values()) + 4
     target = (4 + blocks["A"] + blocks["B"]) / num_blocks
     engine = FakeEngine(default_model_folder, num_blocks=num_blocks)
-    config = ManagerConfig(heartbeat_interval_s=1000.0, prefix_evict_below_free=0.5, prefix_evict_to_free=target)
+    config = ManagerConfig(
+        sharing=SharingConfig(prefix_evict_below_free=0.5, prefix_evict_to_free=target),
+        engines=EnginesConfig(heartbeat_interval_s=1000.0),
+    )
 
     async def body(manager: Manager) -> None:
         for app in "ABC":  # in this order: A is the least recently used
@@ -184,7 +190,7 @@ def test_idle_cached_prefixes_are_evicted_by_memory_pressure_never_in_use(defaul
             by_app["B"].context_id,  # type: ignore[union-attr]
         }
         # Even with every idle prefix wanted back, the leased one stays.
-        evict_all = ManagerConfig(prefix_evict_below_free=1.0, prefix_evict_to_free=1.0)
+        evict_all = ManagerConfig(sharing=SharingConfig(prefix_evict_below_free=1.0, prefix_evict_to_free=1.0))
         manager.prefixes.config = evict_all  # type: ignore[union-attr]
         await manager.health.probe(handle)
         assert manager.prefix_cache.entries() == [by_app["D"]]
@@ -211,7 +217,7 @@ class ProfiledEngine(FakeEngine):
 
 def test_latency_calls_never_exceed_the_calibrated_cap(default_model_folder: Path) -> None:
     engine = ProfiledEngine(default_model_folder, token_delay_s=0.02)
-    config = ManagerConfig(tpot_target_ms=20.0, max_running_calls_per_engine=64)
+    config = ManagerConfig(scheduling=SchedulingConfig(tpot_target_ms=20.0, max_running_calls_per_engine=64))
 
     async def body(manager: Manager) -> None:
         handle = manager.pool.handles["e0"]

@@ -20,7 +20,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import create_app, create_manager
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import AuthConfig, ManagerConfig, SchedulingConfig, SharingConfig
 from parrot.serve.http.engines import check_engine_url
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.session import SessionRegistry
@@ -36,7 +36,7 @@ def refusal(fn: object, *args: object) -> tuple[int, str | None]:
 
 
 def test_keys_and_roles() -> None:
-    roles = SessionRegistry(ManagerConfig(api_keys=("tenant",), operator_keys=("op",)))
+    roles = SessionRegistry(ManagerConfig(auth=AuthConfig(api_keys=("tenant",), operator_keys=("op",))))
     assert roles.tenant_of("tenant") != roles.tenant_of("op")  # an operator is a tenant too
     assert refusal(roles.tenant_of, "nobody") == (401, "authorization")
     assert refusal(roles.tenant_of, None) == (401, "authorization")
@@ -44,7 +44,9 @@ def test_keys_and_roles() -> None:
     assert refusal(roles.require_operator, "tenant") == (403, "authorization")
     assert refusal(roles.require_operator, "nobody") == (401, "authorization")
     # Tenant keys without operator keys: engines come from the command line only.
-    assert refusal(SessionRegistry(ManagerConfig(api_keys=("tenant",))).require_operator, "tenant") == (
+    assert refusal(
+        SessionRegistry(ManagerConfig(auth=AuthConfig(api_keys=("tenant",)))).require_operator, "tenant"
+    ) == (
         403,
         "authorization",
     )
@@ -74,7 +76,10 @@ def test_engine_url_allowlist() -> None:
 
 
 def test_only_operators_register_and_remove_engines(tiny_engine: AsyncEngine) -> None:
-    config = ManagerConfig(api_keys=("tenant",), operator_keys=("op",), max_running_calls_per_engine=8)
+    config = ManagerConfig(
+        auth=AuthConfig(api_keys=("tenant",), operator_keys=("op",)),
+        scheduling=SchedulingConfig(max_running_calls_per_engine=8),
+    )
     with (
         live_server(tiny_engine, config) as srv,
         farm(tiny_engine.model_folder, 1) as (extra,),
@@ -112,7 +117,13 @@ def test_a_removed_engines_calls_finish_on_the_others(tiny_model_folder: Path) -
         assert (await manager.get_variable(session, "c0~o")).value == " one two three four five six"
         assert session.runs["c0"].engine_id == "e1"
 
-    run_manager([slow, spare], body, ManagerConfig(prefix_sharing=False, max_running_calls_per_engine=1))
+    run_manager(
+        [slow, spare],
+        body,
+        ManagerConfig(
+            scheduling=SchedulingConfig(max_running_calls_per_engine=1), sharing=SharingConfig(prefix_sharing=False)
+        ),
+    )
 
 
 def test_without_a_live_engine_every_route_says_503_and_ready_tells(tiny_engine: AsyncEngine) -> None:
@@ -160,7 +171,7 @@ def test_an_engine_with_a_secret_answers_only_its_manager(tiny_engine: AsyncEngi
 
 
 def test_an_operator_sees_every_session_and_a_tenant_its_own(tiny_model_folder: Path) -> None:
-    config = ManagerConfig(api_keys=("alice", "bob"), operator_keys=("ops",))
+    config = ManagerConfig(auth=AuthConfig(api_keys=("alice", "bob"), operator_keys=("ops",)))
     manager = create_manager([FakeEngine(tiny_model_folder)], config=config)
     with serve_app(create_app(manager)) as (url, _), httpx.Client(base_url=url) as http:
 

@@ -22,7 +22,7 @@ from manager_harness import new_session, run_manager
 from parrot.protocol.engine_api import GenerateRequest, TokenEvent
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
@@ -239,7 +239,7 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
         await manager.get_variable(session, "c0~a")
         usage.append(session.runs["c0"].num_prompt_tokens)
 
-    run_manager([engine], body, ManagerConfig(prefix_sharing=sharing, min_prefix_tokens=8))
+    run_manager([engine], body, ManagerConfig(sharing=SharingConfig(prefix_sharing=sharing, min_prefix_tokens=8)))
     assert engine.prompts["c0"] == [tok.encode(rendered)]
     n_full = len(tok.encode(rendered))
     assert usage == [n_full]  # a refill is not counted twice

@@ -14,7 +14,7 @@ from parrot.protocol.engine_api import FillRequest, FreeContextRequest, Generate
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import LimitsConfig, ManagerConfig, SharingConfig
 from parrot.serve.manager import create_manager
 from parrot.serve.runtime.contexts import free_context
 
@@ -52,7 +52,10 @@ def test_a_call_cut_off_mid_generation_frees_each_context_once(tiny_model_folder
     engine = CountingEngine(tiny_model_folder, responder=lambda p: " tick" * 40, token_delay_s=0.05)
 
     async def main() -> None:
-        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False, call_deadline_s=0.3))
+        manager = create_manager(
+            [engine],
+            config=ManagerConfig(limits=LimitsConfig(call_deadline_s=0.3), sharing=SharingConfig(prefix_sharing=False)),
+        )
         await manager.start()
         try:
             created = manager.create_session("key")

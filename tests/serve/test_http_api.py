@@ -15,6 +15,7 @@ from live_server import LiveServer, live_server
 
 from parrot.engine.async_engine import AsyncEngine
 from parrot.serve import ManagerConfig
+from parrot.serve.config import AuthConfig, LifecycleConfig, LimitsConfig
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -61,7 +62,9 @@ def error_of(resp: httpx.Response) -> tuple[int, str | None, str]:
 
 @pytest.fixture
 def small_server(tiny_engine: AsyncEngine) -> Iterator[LiveServer]:
-    config = ManagerConfig(api_keys=("good-key", "other-key"), max_body_bytes=64_000)
+    config = ManagerConfig(
+        auth=AuthConfig(api_keys=("good-key", "other-key")), limits=LimitsConfig(max_body_bytes=64_000)
+    )
     with live_server(tiny_engine, config) as srv:
         yield srv
 
@@ -267,7 +270,9 @@ def test_delete_frees_engine_contexts_and_wakes_waiting_gets(server: LiveServer)
 
 
 def test_idle_session_expires_and_frees_its_contexts(tiny_engine: AsyncEngine) -> None:
-    config = ManagerConfig(session_idle_timeout_s=0.3, expiry_interval_s=0.05)
+    config = ManagerConfig(
+        limits=LimitsConfig(session_idle_timeout_s=0.3), lifecycle=LifecycleConfig(expiry_interval_s=0.05)
+    )
     with live_server(tiny_engine, config) as srv:
         blocks_free = srv.wait_blocks_free(srv.stats().num_blocks_total).num_blocks_free
         c = Client(srv.url)

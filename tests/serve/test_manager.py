@@ -14,7 +14,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import LifecycleConfig, LimitsConfig, ManagerConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.session import Session
 
@@ -264,7 +264,9 @@ async def _collect(chunks) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_idle_sessions_expire(default_model_folder: Path) -> None:
-    config = ManagerConfig(session_idle_timeout_s=0.1, expiry_interval_s=0.02)
+    config = ManagerConfig(
+        limits=LimitsConfig(session_idle_timeout_s=0.1), lifecycle=LifecycleConfig(expiry_interval_s=0.02)
+    )
 
     async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:
         created = manager.create_session("key")
@@ -376,4 +378,4 @@ def test_a_ready_call_sends_each_outputs_fill_inside_its_generate(default_model_
         assert run.num_cached_tokens == 0  # with sharing the prefix is its own, computed for it
         assert run.num_early_filled_tokens == 0
 
-    run(default_model_folder, body, ManagerConfig(prefix_sharing=sharing))
+    run(default_model_folder, body, ManagerConfig(sharing=SharingConfig(prefix_sharing=sharing)))

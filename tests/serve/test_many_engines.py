@@ -22,7 +22,7 @@ from parrot.backends.http_engine import HttpEngineClient
 from parrot.engine.sched.job import ScheduledSeq
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import EnginesConfig, ManagerConfig, SchedulingConfig
 from parrot.serve.manager import Manager, create_manager
 from parrot.serve.policy.plan import Plan
 from parrot.serve.runtime.call_run import CallState
@@ -76,7 +76,9 @@ async def start_manager(engines: list[ServedEngine], config: ManagerConfig) -> M
 
 def test_calls_land_on_their_prefix_engine_within_the_latency_cap(tiny_model_folder: Path) -> None:
     tok = Tokenizer(tiny_model_folder)
-    config = ManagerConfig(policy="app_centric", latency_cap_calls=3, max_running_calls_per_engine=8)
+    config = ManagerConfig(
+        scheduling=SchedulingConfig(policy="app_centric", latency_cap_calls=3, max_running_calls_per_engine=8)
+    )
 
     async def main(engines: list[ServedEngine]) -> None:
         manager = await start_manager(engines, config)
@@ -125,7 +127,8 @@ def test_killing_an_engine_mid_run_loses_no_application(tiny_model_folder: Path)
     tok = Tokenizer(tiny_model_folder)
     long = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     config = ManagerConfig(
-        policy="app_centric", heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0, engine_dead_after_s=1.5
+        scheduling=SchedulingConfig(policy="app_centric"),
+        engines=EnginesConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0, engine_dead_after_s=1.5),
     )
 
     async def main(engines: list[ServedEngine]) -> None:

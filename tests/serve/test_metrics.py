@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from parrot.engine.async_engine import AsyncEngine
 from parrot.frontend import Input, Output, SamplingParams, Session, semantic_function
 from parrot.serve import ManagerConfig
+from parrot.serve.config import AuthConfig
 from parrot.serve.runtime.call_run import CallState
 
 GRAFANA = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "parrot.json"
@@ -131,7 +132,7 @@ def test_metrics_after_a_map_reduce(server: LiveServer) -> None:
 
 
 def test_two_servers_in_one_process_have_their_own_registries(tiny_engine: AsyncEngine) -> None:
-    config = ManagerConfig(api_keys=("tenant",), operator_keys=("op",))
+    config = ManagerConfig(auth=AuthConfig(api_keys=("tenant",), operator_keys=("op",)))
     with live_server(tiny_engine, config) as a, live_server(tiny_engine) as b:
         assert a.manager.metrics.registry is not b.manager.metrics.registry
         # With operator keys, the operator routes need one: none 401, a tenant's 403.

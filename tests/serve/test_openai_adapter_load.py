@@ -25,6 +25,7 @@ from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import EnginesConfig, SchedulingConfig
 from parrot.serve.policy.capacity import calibrate_latency_cap
 from parrot.web.server_thread import ServerThread
 
@@ -211,11 +212,17 @@ def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny
 
     async def main(url: str) -> None:
         client = OpenAIEngineClient(url, tokenizer_folder=tiny_model_folder)
-        config = ManagerConfig(tpot_target_ms=35.0, tpot_floor_slack=1.0, heartbeat_interval_s=1000.0)
+        config = ManagerConfig(
+            scheduling=SchedulingConfig(tpot_target_ms=35.0, tpot_floor_slack=1.0),
+            engines=EnginesConfig(heartbeat_interval_s=1000.0),
+        )
         manager = create_manager([client], config=config)
         await manager.start()
         handle = manager.pool.handles["e0"]
-        assert [handle.stats.step_ms_by_num_tokens, handle.latency_cap] == [{}, config.initial_latency_cap_calls]
+        assert [handle.stats.step_ms_by_num_tokens, handle.latency_cap] == [
+            {},
+            config.scheduling.initial_latency_cap_calls,
+        ]
         await generate(client, "alone")
         await asyncio.gather(*(generate(client, f"four{i}") for i in range(4)))
         assert await manager.health.probe(handle)
@@ -224,7 +231,7 @@ def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny
         # holds the 3 left when the first finishes).
         assert [1 in profile, 4 in profile, set(profile) <= {1, 2, 4}] == [True, True, True]
         assert profile[4] > 1.5 * profile[1]
-        expected = calibrate_latency_cap(profile, 35.0, config.initial_latency_cap_calls, 64, 1.0)
+        expected = calibrate_latency_cap(profile, 35.0, config.scheduling.initial_latency_cap_calls, 64, 1.0)
         # Four at once miss the 35 ms target: the cap is what the measurements allow, under four.
         assert [handle.latency_cap == expected, 1 <= handle.latency_cap < 4] == [True, True]
         await manager.stop()

@@ -27,6 +27,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import EnginesConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
@@ -235,9 +236,11 @@ def test_an_upstream_that_goes_away_is_unavailable_and_the_manager_keeps_serving
     upstream_engine: AsyncEngine, upstream_url: str, tiny_model_folder: Path
 ) -> None:
     # A second upstream over the same engine (no cached prefixes there, so no context ids collide).
-    doomed_server: AbstractContextManager[str] = upstream(upstream_engine, ManagerConfig(prefix_sharing=False))
+    doomed_server: AbstractContextManager[str] = upstream(
+        upstream_engine, ManagerConfig(sharing=SharingConfig(prefix_sharing=False))
+    )
     doomed_url = doomed_server.__enter__()
-    config = ManagerConfig(heartbeat_interval_s=0.1, engine_dead_after_s=1.0)
+    config = ManagerConfig(engines=EnginesConfig(heartbeat_interval_s=0.1, engine_dead_after_s=1.0))
 
     async def main() -> None:
         doomed, alive = adapter(doomed_url, tiny_model_folder), adapter(upstream_url, tiny_model_folder)

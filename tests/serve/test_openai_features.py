@@ -30,7 +30,7 @@ def test_n_choices_fork_one_filled_prompt(server: LiveServer, client: openai.Ope
     tok = Tokenizer(server.engine.model_folder)
     prompt = "A parrot named Polly lives in a very tall tree by the river, where every morning she " * 3
     ids = tok.encode(prompt)
-    assert len(ids) > 32  # ManagerConfig.min_prefix_tokens: shorter prompts are filled per choice
+    assert len(ids) > 32  # ManagerConfig.sharing.min_prefix_tokens: shorter prompts are filled per choice
     expected = server.direct_generate(ids, SamplingParams(max_tokens=6, ignore_eos=True))
     server.clear_prefix_cache()
     before, num_logged = server.stats().num_prefill_tokens, len(server.engine.log)

@@ -16,7 +16,7 @@ from engine_farm import reference
 from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SharingConfig
 from parrot.serve.manager import Manager, create_manager
 from parrot.text import Tokenizer
 
@@ -67,7 +67,7 @@ def test_two_sessions_with_one_system_prompt_compute_it_once(tiny_engine: AsyncE
         return go
 
     shared = prefill_tokens(tiny_engine, ManagerConfig(), body(True))
-    plain = prefill_tokens(tiny_engine, ManagerConfig(prefix_sharing=False), body(False))
+    plain = prefill_tokens(tiny_engine, ManagerConfig(sharing=SharingConfig(prefix_sharing=False)), body(False))
     # Every prompt token is computed once, except the system prompt's reused ones (all but its last,
     # which the second call computes: a fill leaves its last token to the next request).
     assert shared == n_system + tails[0] + 1 + tails[1]
@@ -102,7 +102,7 @@ def test_branches_of_a_generated_prefix_compute_it_once(tiny_engine: AsyncEngine
         return go
 
     shared = prefill_tokens(tiny_engine, ManagerConfig(), body(True))
-    plain = prefill_tokens(tiny_engine, ManagerConfig(prefix_sharing=False), body(False))
+    plain = prefill_tokens(tiny_engine, ManagerConfig(sharing=SharingConfig(prefix_sharing=False)), body(False))
     design, got = reviews[True]
     assert reviews[False] == reviews[True]
     n_producer = len(tok.encode("Design a queue service:"))

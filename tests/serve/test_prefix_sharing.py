@@ -15,7 +15,7 @@ from manager_harness import run_manager
 from parrot.protocol.objective import Criteria
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import ManagerConfig, SchedulingConfig, SharingConfig
 from parrot.serve.http.openai.call import OneCall
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
@@ -68,7 +68,7 @@ def test_two_sessions_with_one_long_system_prompt_fill_it_once(default_model_fol
 
     shared = run(default_model_folder, body, ManagerConfig())
     assert fills(shared) == [("pfx", n_system), ("c0", rest[0]), ("c0", rest[1])]
-    plain = run(default_model_folder, body, ManagerConfig(prefix_sharing=False))
+    plain = run(default_model_folder, body, ManagerConfig(sharing=SharingConfig(prefix_sharing=False)))
     assert fills(plain) == [("c0", n_system + rest[0]), ("c0", n_system + rest[1])]
     # Every fork's context holds the whole prompt: the generations see the same tokens either way.
     assert generated_from(shared) == generated_from(plain) == [n_system + rest[0], n_system + rest[1]]
@@ -164,4 +164,6 @@ def test_objectives_are_deduced_and_shown_in_session_status(default_model_folder
             None,
         ]
 
-    run(default_model_folder, body, ManagerConfig(policy="app_centric"), token_delay_s=0.01)
+    run(
+        default_model_folder, body, ManagerConfig(scheduling=SchedulingConfig(policy="app_centric")), token_delay_s=0.01
+    )

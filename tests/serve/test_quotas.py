@@ -16,13 +16,17 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
+from parrot.serve.config import LimitsConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.runtime.rate import RateLimiter
 
 
 def test_open_calls_per_tenant_and_sessions_per_tenant(tiny_model_folder: Path) -> None:
     engine = FakeEngine(tiny_model_folder)
-    config = ManagerConfig(max_sessions_per_tenant=3, max_open_calls_per_tenant=4, prefix_sharing=False)
+    config = ManagerConfig(
+        limits=LimitsConfig(max_sessions_per_tenant=3, max_open_calls_per_tenant=4),
+        sharing=SharingConfig(prefix_sharing=False),
+    )
     waiting = CallSpec(template="Echo {{input:x}}:{{output:o}}", bindings={"x": Binding(var_id="x")})
 
     async def body(manager: Manager) -> None:
@@ -49,7 +53,9 @@ def test_open_calls_per_tenant_and_sessions_per_tenant(tiny_model_folder: Path) 
 
 
 def test_a_429_carries_retry_after_over_http(tiny_model_folder: Path) -> None:
-    manager = create_manager([FakeEngine(tiny_model_folder)], config=ManagerConfig(max_sessions_per_tenant=1))
+    manager = create_manager(
+        [FakeEngine(tiny_model_folder)], config=ManagerConfig(limits=LimitsConfig(max_sessions_per_tenant=1))
+    )
     with serve_app(create_app(manager)) as (url, _), httpx.Client(base_url=url) as http:
         key = {"Authorization": "Bearer k"}
         assert http.post("/v1/sessions", headers=key).status_code == 201
@@ -78,7 +84,7 @@ def test_the_rate_limiter_refills_at_its_rate_and_names_when_to_retry() -> None:
 
 
 def test_requests_per_second_per_tenant_over_http(tiny_model_folder: Path) -> None:
-    config = ManagerConfig(max_requests_per_s_per_tenant=0.01, request_burst_per_tenant=2)
+    config = ManagerConfig(limits=LimitsConfig(max_requests_per_s_per_tenant=0.01, request_burst_per_tenant=2))
     manager = create_manager([FakeEngine(tiny_model_folder)], config=config)
     with serve_app(create_app(manager)) as (url, _), httpx.Client(base_url=url) as http:
         created = http.post("/v1/sessions", headers={"Authorization": "Bearer k"}).json()
@@ -92,7 +98,9 @@ def test_requests_per_second_per_tenant_over_http(tiny_model_folder: Path) -> No
 
 
 def test_text_stored_per_session_is_bounded(tiny_model_folder: Path) -> None:
-    config = ManagerConfig(max_chars_per_session=1_000, prefix_sharing=False)
+    config = ManagerConfig(
+        limits=LimitsConfig(max_chars_per_session=1_000), sharing=SharingConfig(prefix_sharing=False)
+    )
     waiting = CallSpec(template="Echo {{input:x}}:{{output:o}}", bindings={"x": Binding(var_id="x")})
 
     async def body(manager: Manager) -> None:
@@ -115,7 +123,9 @@ def test_text_stored_per_session_is_bounded(tiny_model_folder: Path) -> None:
 
 def test_tokens_in_flight_per_tenant(tiny_model_folder: Path) -> None:
     """A call counts its known prompt tokens plus its outputs' max_tokens until it finishes."""
-    config = ManagerConfig(max_tokens_in_flight_per_tenant=100, prefix_sharing=False)
+    config = ManagerConfig(
+        limits=LimitsConfig(max_tokens_in_flight_per_tenant=100), sharing=SharingConfig(prefix_sharing=False)
+    )
     waiting = CallSpec(
         template="Echo {{input:x}}:{{output:o}}",
         bindings={"x": Binding(var_id="x")},

@@ -12,7 +12,7 @@ from fake_engine import FakeEngine
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.serve.config import ManagerConfig
+from parrot.serve.config import EnginesConfig, LimitsConfig, ManagerConfig, SharingConfig
 from parrot.serve.manager import Manager, create_manager
 
 SYSTEM = "You are a careful assistant; you answer in one line and check every fact twice. " * 3
@@ -39,7 +39,7 @@ async def one_call(manager: Manager, question: str) -> tuple[str, str]:
 
 def test_a_restarted_manager_never_reuses_an_old_runs_context_ids(tiny_model_folder: Path) -> None:
     engine = FakeEngine(tiny_model_folder, responder=prompt_length)
-    config = ManagerConfig(min_prefix_tokens=8)
+    config = ManagerConfig(sharing=SharingConfig(min_prefix_tokens=8))
 
     async def main() -> None:
         old = create_manager([engine], config=config)
@@ -86,7 +86,7 @@ def test_shutdown_drains_calls_in_flight_then_frees_everything(
     engine = FakeEngine(tiny_model_folder, responder=lambda p: " one two three four five six", token_delay_s=0.03)
 
     async def main() -> None:
-        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False))
+        manager = create_manager([engine], config=ManagerConfig(sharing=SharingConfig(prefix_sharing=False)))
         await manager.start()
         created = manager.create_session("key")
         session = manager.session(created.session_id, created.token)
@@ -115,7 +115,10 @@ def test_a_call_past_its_deadline_fails_with_504_and_stops(tiny_model_folder: Pa
     engine = FakeEngine(tiny_model_folder, responder=lambda p: " tick" * 40, token_delay_s=0.05)
 
     async def main() -> None:
-        manager = create_manager([engine], config=ManagerConfig(prefix_sharing=False, call_deadline_s=0.3))
+        manager = create_manager(
+            [engine],
+            config=ManagerConfig(limits=LimitsConfig(call_deadline_s=0.3), sharing=SharingConfig(prefix_sharing=False)),
+        )
         await manager.start()
         try:
             created = manager.create_session("key")
@@ -136,7 +139,10 @@ def test_a_call_past_its_deadline_fails_with_504_and_stops(tiny_model_folder: Pa
 
 def test_the_manager_holds_its_runs_contexts_on_a_renewed_lease(tiny_model_folder: Path) -> None:
     engine = FakeEngine(tiny_model_folder, responder=prompt_length)
-    config = ManagerConfig(min_prefix_tokens=8, heartbeat_interval_s=0.02, context_lease_s=0.2)
+    config = ManagerConfig(
+        sharing=SharingConfig(min_prefix_tokens=8),
+        engines=EnginesConfig(heartbeat_interval_s=0.02, context_lease_s=0.2),
+    )
 
     async def main() -> None:
         manager = create_manager([engine], config=config)

@@ -14,6 +14,7 @@ from live_server import LiveServer, live_server
 from parrot.engine.async_engine import AsyncEngine
 from parrot.frontend import AsyncSession, Input, Output, ParrotError, SamplingParams, Session, semantic_function
 from parrot.serve import ManagerConfig
+from parrot.serve.config import AuthConfig
 
 KEY = {"Authorization": "Bearer good-key"}
 CALL = {
@@ -30,7 +31,7 @@ def react(text: Input, reaction: Output):
 
 @pytest.fixture
 def keyed_server(tiny_engine: AsyncEngine) -> Iterator[LiveServer]:
-    with live_server(tiny_engine, ManagerConfig(api_keys=("good-key",))) as srv:
+    with live_server(tiny_engine, ManagerConfig(auth=AuthConfig(api_keys=("good-key",)))) as srv:
         yield srv
 
 

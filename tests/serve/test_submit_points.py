@@ -9,6 +9,7 @@ from manager_harness import new_session, run_manager
 from parrot.engine.async_engine import AsyncEngine
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.serve import ManagerConfig
+from parrot.serve.config import SharingConfig
 from parrot.serve.manager import Manager
 from parrot.serve.runtime import contexts
 
@@ -23,7 +24,7 @@ def test_prefix_points_are_computed_at_submit_and_reused(
         spec = CallSpec(template=template, bindings={"q": Binding(var_id="q")})
         manager.submit(session, SubmitRequest(variables=[VariableSpec(var_id="q")], calls=[spec]))
         call = session.graph.calls["c0"]
-        assert [len(call.points), manager.config.prefix_sharing] == [int(prefix_sharing), prefix_sharing]
+        assert [len(call.points), manager.config.sharing.prefix_sharing] == [int(prefix_sharing), prefix_sharing]
         if prefix_sharing:
             ((_, points),) = call.points.values()
             assert len(points) >= 1
@@ -32,4 +33,4 @@ def test_prefix_points_are_computed_at_submit_and_reused(
             manager.executor.step()
             assert session.runs["c0"].prefix_points == points
 
-    run_manager([tiny_engine], body, ManagerConfig(prefix_sharing=prefix_sharing), stepped=True)
+    run_manager([tiny_engine], body, ManagerConfig(sharing=SharingConfig(prefix_sharing=prefix_sharing)), stepped=True)

@@ -14,6 +14,7 @@ from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig
+from parrot.serve.config import SchedulingConfig, SharingConfig
 from parrot.serve.manager import Manager
 
 
@@ -41,7 +42,9 @@ class PriorityLog:
 
 def test_a_tenants_call_passes_another_tenants_awaited_flood(tiny_engine: AsyncEngine) -> None:
     log = PriorityLog(tiny_engine)
-    config = ManagerConfig(max_running_calls_per_engine=4, prefix_sharing=False)
+    config = ManagerConfig(
+        scheduling=SchedulingConfig(max_running_calls_per_engine=4), sharing=SharingConfig(prefix_sharing=False)
+    )
 
     async def body(manager: Manager) -> None:
         flood = new_session(manager, "flooder")
