@@ -11,7 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from parrot.cli.settings import ConfigError, add_settings_args, build_configs, jsonable, resolve
+from parrot.cli.flags import add_settings_args, resolve
+from parrot.cli.settings import ConfigError, build_configs, build_engine_config, effective, nested
 from parrot.engine.config import EngineConfig
 
 
@@ -22,8 +23,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def _engine_config(a: argparse.Namespace) -> EngineConfig:
     try:
-        return EngineConfig(**resolve(a, ("engine",))["engine"])
-    except (ConfigError, ValueError) as e:
+        return build_engine_config(resolve(a, ("engine",)))
+    except ConfigError as e:
         raise SystemExit(f"configuration error: {e}") from None
 
 
@@ -54,8 +55,14 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="settings from a TOML or JSON file (tables serve, engine, manager)")
-    p.add_argument("--print-config", action="store_true", help="print the effective settings as JSON and exit")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="settings from a TOML or JSON file (tables [serve], [engine], [manager.scheduling], ...)",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the effective settings as a JSON config file and exit"
+    )
     add_settings_args(p)
 
 
@@ -64,34 +71,29 @@ def cmd_serve(a: argparse.Namespace) -> None:
     from parrot.web.heap import settle_heap
 
     try:
-        values = resolve(a)
-        engine_config, manager_config = build_configs(values)
+        configs = build_configs(resolve(a))
     except ConfigError as e:
         raise SystemExit(f"configuration error: {e}") from None
     if a.print_config:
-        print(json.dumps(jsonable(values), indent=2))
+        print(json.dumps(nested(effective(configs)), indent=2))
         return
-    serve = values["serve"]
-    configs = [engine_config] if serve["builtin"] else []
+    serve, manager_config = configs.serve, configs.manager
+    engine_configs = [configs.engine] if serve.builtin else []
     upstreams = [
         OpenAIUpstream(
-            u,
-            serve["openai_model"],
-            serve["openai_tokenizer"],
-            serve["openai_api_key"],
-            serve["openai_stream_interval"],
+            u, serve.openai_model, serve.openai_tokenizer, serve.openai_api_key, serve.openai_stream_interval
         )
-        for u in serve["openai_engines"]
+        for u in serve.openai_engines
     ]
-    host = serve["host"]
-    if manager_config.open_access:
+    host = serve.host
+    if manager_config.auth.open_access:
         if not _is_loopback(host):
             raise SystemExit(
                 f"refusing to serve on {host} without API keys: give --api-key / --operator-key, "
                 "or bind a loopback address (development mode)"
             )
         print("no API keys configured: development mode, any key is accepted (loopback only)", flush=True)
-    emb = start_embedded(configs, list(serve["engine_urls"]), manager_config, host, serve["port"], upstreams)
+    emb = start_embedded(engine_configs, list(serve.engine_urls), manager_config, host, serve.port, upstreams)
     settle_heap()
     print(f"parrot manager on {emb.url} (OpenAPI: {emb.url}/docs, dashboard: {emb.url}/dashboard)", flush=True)
     _wait_forever(lambda: emb.stop(grace_s=None))

@@ -1,59 +1,51 @@
-"""`parrot serve` settings: every field of `EngineConfig` and `ManagerConfig` as a flag and as a key
-of a config file (TOML or JSON), checked with errors that name the key and the allowed values.
+"""`parrot serve` settings: every field of `ServeConfig`, `EngineConfig` and `ManagerConfig`'s
+sections as a key of a config file (TOML or JSON) and as a flag, checked with errors that name the
+key and the allowed values.
 
 Precedence: the dataclasses' defaults, then the config file, then the command line. A config file
-has three tables, each optional:
+has these tables, each optional:
 
-    [serve]    host, port, builtin, engine_urls, openai_engines, openai_model, openai_tokenizer,
-               openai_api_key, openai_stream_interval
-    [engine]   EngineConfig's fields (model, dtype, max_num_batched_tokens, latency_max_batched_tokens,
-               latency_prefill_tokens, ...)
-    [manager]  ManagerConfig's fields (api_keys, policy, tpot_target_ms, latency_cap_calls, ...)
+    [serve]               ServeConfig: host, port, builtin, engine_urls, openai_engines, ...
+    [engine]              EngineConfig: model, dtype, max_num_batched_tokens, latency_max_batched_tokens, ...
+    [manager.auth]        ManagerConfig's sections, one table each: api_keys, operator_keys, ...
+    [manager.limits]      max_sessions_per_tenant, max_body_bytes, call_deadline_s, ...
+    [manager.scheduling]  policy, tpot_target_ms, latency_cap_calls, early_fill, ...
+    [manager.sharing]     prefix_sharing, min_prefix_tokens, ...
+    [manager.engines]     heartbeat_interval_s, engine_dead_after_s, ...
+    [manager.lifecycle]   shutdown_grace_s, expiry_interval_s
 
-Flags are the field names with dashes (`--latency-max-batched-tokens 128`); booleans have a
-`--no-` form; an optional number takes `none`. The two fields both configs have are `--policy`
-and `--aging-s` for the manager and `--engine-policy`, `--engine-aging-s` for the engine.
+A setting's path is its table and key (`manager.scheduling.tpot_target_ms`); its flag is the key
+with dashes (`--tpot-target-ms`; keys are unique across the manager's sections), booleans have a
+`--no-` form, an optional number takes `none`. The two keys both the engine and the manager have
+are `--policy` and `--aging-s` for the manager and `--engine-policy`, `--engine-aging-s` for the
+engine. `parrot.cli.flags` builds the flags; `parrot.cli.reference` documents every setting.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
+import functools
 import json
 import tomllib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from parrot.engine.config import EngineConfig
-from parrot.protocol.errors import ParrotError
-from parrot.serve.config import ManagerConfig
+from parrot.cli.serve_config import ServeConfig
+from parrot.engine.config import DTYPES, EngineConfig
+from parrot.protocol.config_fields import SettingError, bound_of, default_of, doc_of
+from parrot.serve.config import SECTIONS, ManagerConfig
 from parrot.serve.policy.registry import POLICIES
 
-SERVE_DEFAULTS: dict[str, Any] = {
-    "host": "127.0.0.1",
-    "port": 8000,
-    "builtin": True,
-    "engine_urls": [],
-    "openai_engines": [],
-    "openai_model": None,
-    "openai_tokenizer": None,
-    "openai_api_key": None,
-    "openai_stream_interval": 1,
-}
-SERVE_TYPES: dict[str, Any] = {
-    "host": str,
-    "port": int,
-    "builtin": bool,
-    "engine_urls": tuple[str, ...],
-    "openai_engines": tuple[str, ...],
-    "openai_model": str | None,
-    "openai_tokenizer": str | None,
-    "openai_api_key": str | None,
-    "openai_stream_interval": int,
+ROOTS = ("serve", "engine", "manager")
+# Table -> the dataclass whose fields are its keys, in the order the reference lists them.
+TABLES: dict[str, type] = {
+    "serve": ServeConfig,
+    "engine": EngineConfig,
+    **{f"manager.{name}": cls for name, cls in SECTIONS.items()},
 }
 
 
@@ -67,60 +59,61 @@ def _attention_backends() -> tuple[str, ...]:
 
 # Settings whose values come from a fixed set (each a function: some sets import the engine).
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "engine.dtype": lambda: ("auto", "bfloat16", "float32"),
+    "engine.dtype": lambda: DTYPES,
     "engine.attention": _attention_backends,
     "engine.policy": lambda: ("fcfs", "priority"),
-    "manager.policy": lambda: tuple(sorted(POLICIES)),
+    "manager.scheduling.policy": lambda: tuple(sorted(POLICIES)),
 }
-LAZY_HELP = {"engine.attention": "a registered attention backend: paged, shared_prefix, ..."}
-# Flags older than this module, kept: (flag, dest, argparse keywords).
-ALIASES: list[tuple[str, str, dict[str, Any]]] = [
-    ("--threads", "engine.num_threads", {"type": int, "metavar": "N"}),
-    (
-        "--api-key",
-        "manager.api_keys",
-        {"action": "append", "metavar": "KEY", "help": "accepted tenant API key (repeatable)"},
-    ),
-    (
-        "--operator-key",
-        "manager.operator_keys",
-        {"action": "append", "metavar": "KEY", "help": "operator key (repeatable)"},
-    ),
-    ("--engine-url-allow", "manager.engine_url_allowlist", {"action": "append", "metavar": "PREFIX"}),
-    (
-        "--engine-url",
-        "serve.engine_urls",
-        {"action": "append", "metavar": "URL", "help": "also use an engine started elsewhere"},
-    ),
-    ("--openai-engine", "serve.openai_engines", {"action": "append", "metavar": "URL"}),
-    ("--no-builtin", "serve.builtin", {"action": "store_false", "help": "no builtin engine"}),
-]
 
 
 class ConfigError(ValueError):
     """A setting's key or value is not allowed; the message names the key and what is allowed."""
 
 
-def _fields(section: str) -> dict[str, Any]:
-    """Key -> type of a section's settings."""
-    if section == "serve":
-        return SERVE_TYPES
-    cls = EngineConfig if section == "engine" else ManagerConfig
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting: where it lives (`table`, `key`), its type, default and one-line doc."""
+
+    table: str
+    key: str
+    tp: Any
+    default: Any
+    doc: str
+    bound: str = ""  # what a number must pass, as text ("> 0", ">= 1"); empty: no bound
+
+    @property
+    def path(self) -> str:
+        return f"{self.table}.{self.key}"
+
+    @property
+    def root(self) -> str:
+        return self.table.partition(".")[0]
 
 
-def _defaults(section: str) -> dict[str, Any]:
-    if section == "serve":
-        return dict(SERVE_DEFAULTS)
-    cls = EngineConfig if section == "engine" else ManagerConfig
-    return {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}
+@functools.cache
+def all_settings() -> dict[str, Setting]:
+    """Every setting by path, table by table in TABLES's order, each table in its fields' order."""
+    out = {}
+    for table, cls in TABLES.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            s = Setting(table, f.name, hints[f.name], default_of(f), doc_of(f), bound_of(f))
+            out[s.path] = s
+    return out
 
 
-SECTIONS = ("serve", "engine", "manager")
+def settings_of(roots: Iterable[str]) -> list[Setting]:
+    chosen = set(roots)
+    return [s for s in all_settings().values() if s.root in chosen]
 
 
-def _describe(tp: Any) -> str:
+def describe(tp: Any) -> str:
+    """A type as a person reads it: `int`, `float or none`, `list of str`, `'latency' | 'throughput'`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join("none" if a is type(None) else describe(a) for a in args)
+    if origin is tuple:
+        return f"list of {describe(args[0])}"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return " | ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
@@ -143,7 +136,7 @@ def convert(key: str, tp: Any, value: Any) -> Any:
         try:
             return tp(value)
         except ValueError:
-            raise ConfigError(f"{key}: {value!r} is not allowed; allowed values: {_describe(tp)}") from None
+            raise ConfigError(f"{key}: {value!r} is not allowed; allowed values: {describe(tp)}") from None
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -167,24 +160,57 @@ def convert(key: str, tp: Any, value: Any) -> Any:
     raise ConfigError(f"{key}: unsupported setting type {tp}")
 
 
-def check(section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Values of one section, typed and checked (ConfigError names the key and what is allowed)."""
-    known = _fields(section)
-    out = {}
-    for name, value in values.items():
-        key = f"{section}.{name}"
-        if name not in known:
-            raise ConfigError(f"{key} is not a setting; allowed keys in [{section}]: {', '.join(sorted(known))}")
-        out[name] = convert(key, known[name], value)
-        choices = CHOICES.get(key)
-        allowed = choices() if choices is not None else None
-        if allowed is not None and out[name] not in allowed:
-            raise ConfigError(f"{key}: {out[name]!r} is not allowed; allowed values: {', '.join(allowed)}")
+def check(path: str, value: Any) -> Any:
+    """One setting's value, typed and checked (ConfigError names the key and what is allowed)."""
+    s = all_settings()[path]
+    out = convert(path, s.tp, value)
+    choices = CHOICES.get(path)
+    allowed = choices() if choices is not None else None
+    if allowed is not None and out not in allowed:
+        raise ConfigError(f"{path}: {out!r} is not allowed; allowed values: {', '.join(allowed)}")
     return out
 
 
-def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
-    """A TOML (.toml) or JSON (.json) config file's sections, checked."""
+def _subtables(table: str) -> list[str]:
+    return [t.rpartition(".")[2] for t in TABLES if t.startswith(table + ".")]
+
+
+def _unknown_key(table: str, key: str) -> ConfigError:
+    path = f"{table}.{key}"
+    homes = [s.table for s in all_settings().values() if s.key == key and s.table.startswith(table + ".")]
+    if len(homes) == 1:
+        return ConfigError(f"{path} is not a setting; it belongs in [{homes[0]}] ({homes[0]}.{key})")
+    if table in TABLES:
+        known = [f.name for f in dataclasses.fields(TABLES[table])]
+        return ConfigError(f"{path} is not a setting; allowed keys in [{table}]: {', '.join(sorted(known))}")
+    return ConfigError(f"{path} is not a config section; allowed tables in [{table}]: {', '.join(_subtables(table))}")
+
+
+def flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config file's nested tables as {path: value}, each checked."""
+    out: dict[str, Any] = {}
+
+    def walk(table: str, values: Any) -> None:
+        if not isinstance(values, dict):
+            raise ConfigError(f"{table}: expected a table of settings, got {values!r}")
+        for key, value in values.items():
+            path = f"{table}.{key}"
+            if path in all_settings():
+                out[path] = check(path, value)
+            elif key in _subtables(table):
+                walk(path, value)
+            else:
+                raise _unknown_key(table, key)
+
+    for root, values in raw.items():
+        if root not in ROOTS:
+            raise ConfigError(f"{root} is not a config section; allowed: {', '.join(ROOTS)}")
+        walk(root, values)
+    return out
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A TOML (.toml) or JSON (.json) config file's settings by path, checked."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -194,92 +220,70 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"--config: {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from e
     if not isinstance(raw, dict):
-        raise ConfigError(f"--config: {path} must hold a table with keys {', '.join(SECTIONS)}")
+        raise ConfigError(f"--config: {path} must hold a table with keys {', '.join(ROOTS)}")
+    return flatten(raw)
+
+
+class Configs(NamedTuple):
+    serve: ServeConfig
+    engine: EngineConfig
+    manager: ManagerConfig
+
+
+def _kwargs(table: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {s.key: values[s.path] for s in all_settings().values() if s.table == table and s.path in values}
+
+
+def _build(root: str, values: dict[str, Any]) -> Any:
+    """The config of `root` from settings by path (absent ones take their defaults); its own checks'
+    errors become ConfigError naming the key."""
+    try:
+        if root == "manager":
+            return ManagerConfig(**{name: cls(**_kwargs(f"manager.{name}", values)) for name, cls in SECTIONS.items()})
+        return TABLES[root](**_kwargs(root, values))
+    except SettingError as e:
+        message = str(e)
+        raise ConfigError(
+            f"{root}.{message}" if message.startswith(e.field) else f"{root}.{e.field}: {message}"
+        ) from None
+
+
+def build_configs(values: dict[str, Any]) -> Configs:
+    """The three configs from settings by path."""
+    return Configs(_build("serve", values), _build("engine", values), _build("manager", values))
+
+
+def build_engine_config(values: dict[str, Any]) -> EngineConfig:
+    return typing.cast(EngineConfig, _build("engine", values))
+
+
+def defaults(roots: Iterable[str] = ROOTS) -> dict[str, Any]:
+    return {s.path: s.default for s in settings_of(roots)}
+
+
+def effective(configs: Configs) -> dict[str, Any]:
+    """The built configs' settings by path: what runs (`engine.dtype` resolved from `auto`)."""
     out = {}
-    for section, values in raw.items():
-        if section not in SECTIONS:
-            raise ConfigError(f"{section} is not a config section; allowed: {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"{section}: expected a table of settings, got {values!r}")
-        out[section] = check(section, values)
+    for s in all_settings().values():
+        obj: Any = getattr(configs, s.root)
+        for part in s.table.split(".")[1:]:
+            obj = getattr(obj, part)
+        out[s.path] = getattr(obj, s.key)
     return out
 
 
-def _flag(section: str, name: str) -> str:
-    clash = section == "engine" and name in _fields("manager")
-    return "--" + ("engine-" if clash else "") + name.replace("_", "-")
-
-
-def add_settings_args(p: argparse.ArgumentParser, sections: tuple[str, ...] = SECTIONS) -> None:
-    """A flag per setting of `sections`, each stored only when given (dest `section.name`)."""
-    own = {a[1] for a in ALIASES}
-    for section in sections:
-        group = p.add_argument_group(f"{section} settings (config file table [{section}])")
-        defaults = _defaults(section)
-        for flag, dest, kw in ALIASES:
-            if dest.startswith(section + "."):
-                group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **kw)
-        for name, tp in _fields(section).items():
-            dest = f"{section}.{name}"
-            if (dest in own and typing.get_origin(tp) is tuple) or dest == "serve.builtin":
-                continue
-            opts: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS}
-            opts["help"] = f"default: {defaults[name]!r}"
-            if dest in LAZY_HELP:
-                opts["help"] += f"; {LAZY_HELP[dest]}"
-            elif dest in CHOICES:
-                opts["help"] += f"; one of {', '.join(CHOICES[dest]())}"
-            if tp is bool or tp == bool | None:
-                opts["action"] = argparse.BooleanOptionalAction
-            else:
-                opts["type"] = _parser_of(dest, tp)
-                opts["metavar"] = _describe(tp).upper() if tp in (int, float, str) else "VALUE"
-            group.add_argument(_flag(section, name), **opts)
-
-
-def _parser_of(key: str, tp: Any) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            return check(key.split(".")[0], {key.split(".")[1]: text})[key.split(".")[1]]
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse
-
-
-def resolve(ns: argparse.Namespace, sections: tuple[str, ...] = SECTIONS) -> dict[str, dict[str, Any]]:
-    """Defaults, then the file of `--config` (if any), then the flags given: each section's values."""
-    merged = {s: _defaults(s) for s in sections}
-    config = getattr(ns, "config", None)
-    if config is not None:
-        for section, values in read_config_file(Path(config)).items():
-            if section in merged:
-                merged[section].update(values)
-    for dest, value in vars(ns).items():
-        section, _, name = dest.partition(".")
-        if section in merged and name:
-            merged[section][name] = tuple(value) if isinstance(value, list) else value
-    return merged
-
-
-def build_configs(values: dict[str, dict[str, Any]]) -> tuple[EngineConfig, ManagerConfig]:
-    """The two configs; their own checks' errors become ConfigError naming the key."""
-    try:
-        engine = EngineConfig(**values["engine"])
-    except ValueError as e:
-        raise ConfigError(f"engine: {e}") from None
-    try:
-        manager = ManagerConfig(**values["manager"])
-    except (ValueError, ParrotError) as e:  # ParrotError names its field
-        field = getattr(e, "field", None)
-        raise ConfigError(f"manager.{field}: {e}" if field else f"manager: {e}") from None
-    return engine, manager
-
-
-def jsonable(values: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The settings as a config file would hold them (`parrot serve --print-config`)."""
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings by path as a config file holds them (`parrot serve --print-config`): nested tables,
+    plain JSON values."""
 
     def plain(v: Any) -> Any:
         return v.value if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v
 
-    return {s: {k: plain(v) for k, v in vals.items()} for s, vals in values.items()}
+    out: dict[str, Any] = {}
+    for path, value in values.items():
+        *tables, key = path.split(".")
+        node = out
+        for t in tables:
+            node = node.setdefault(t, {})
+        node[key] = plain(value)
+    return out

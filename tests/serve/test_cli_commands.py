@@ -3,6 +3,7 @@ the allowed values) and serve itself as a process, engine, chat, status, run and
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import signal
@@ -16,6 +17,8 @@ import pytest
 from live_server import LiveServer
 
 from parrot.cli import main
+from parrot.cli.flags import add_settings_args
+from parrot.cli.settings import all_settings
 from parrot.engine.attention.registry import backend_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +34,9 @@ def test_serve_settings_defaults_then_file_then_flags(tmp_path: Path, capsys: py
     toml.write_text(
         '[serve]\nport = 9000\nengine_urls = ["http://10.0.0.2:8100"]\n'
         "[engine]\nlatency_max_batched_tokens = 128\nlatency_prefill_tokens = 256\nengine_aging_s = 1\n"
-        '[manager]\ntpot_target_ms = 80\npolicy = "fifo"\napi_keys = ["a"]\nprefix_sharing = false\n'
+        '[manager.auth]\napi_keys = ["a"]\n'
+        '[manager.scheduling]\ntpot_target_ms = 80\npolicy = "fifo"\n'
+        "[manager.sharing]\nprefix_sharing = false\n"
     )
     with pytest.raises(SystemExit) as e:
         settings(capsys, "--config", str(toml))
@@ -51,15 +56,67 @@ def test_serve_settings_defaults_then_file_then_flags(tmp_path: Path, capsys: py
         1.0,
     ]
     assert [engine["max_num_batched_tokens"], engine["policy"]] == [2048, "priority"]  # defaults
-    assert [manager["tpot_target_ms"], manager["policy"], manager["api_keys"]] == [40.0, "fifo", ["a"]]
-    assert [manager["prefix_sharing"], manager["aging_s"]] == [False, 2.0]
+    scheduling = manager["scheduling"]
+    assert [scheduling["tpot_target_ms"], scheduling["policy"], manager["auth"]["api_keys"]] == [40.0, "fifo", ["a"]]
+    assert [manager["sharing"]["prefix_sharing"], scheduling["aging_s"]] == [False, 2.0]
+    assert list(manager) == ["auth", "limits", "scheduling", "sharing", "engines", "lifecycle"]
     # Both configs' `policy` and `aging_s`: the engine's are --engine-policy / --engine-aging-s.
     got = settings(capsys, "--engine-policy", "fcfs", "--aging-s", "3", "--no-builtin", "--api-key", "x")
-    assert [got["engine"]["policy"], got["manager"]["aging_s"], got["serve"]["builtin"]] == ["fcfs", 3.0, False]
-    # The printed settings are a JSON config file that gives the same settings back.
+    assert [got["engine"]["policy"], got["manager"]["scheduling"]["aging_s"], got["serve"]["builtin"]] == [
+        "fcfs",
+        3.0,
+        False,
+    ]
+    assert got["manager"]["auth"]["api_keys"] == ["x"]
+    # The printed settings are a JSON config file that gives the same settings back, and so is
+    # their TOML form (nested tables; TOML has no null, so the unset optional settings are left out).
     printed = tmp_path / "printed.json"
     printed.write_text(json.dumps(got))
     assert settings(capsys, "--config", str(printed)) == got
+    as_toml = tmp_path / "printed.toml"
+    as_toml.write_text(toml_of(got))
+    assert settings(capsys, "--config", str(as_toml)) == got
+
+
+def toml_of(tables: dict[str, object], name: str = "") -> str:
+    """Nested tables as TOML (strings, numbers, booleans and lists of strings; None left out)."""
+    lines = [f"[{name}]"] if name else []
+    subtables = []
+    for key, value in tables.items():
+        if isinstance(value, dict):
+            subtables.append(toml_of(value, f"{name}.{key}" if name else key))
+        elif value is not None:
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join([*lines, *subtables]) + "\n"
+
+
+def test_flags_keep_their_names_and_every_setting_has_one() -> None:
+    """Flags are the keys with dashes whatever the key's section; the aliases stand beside them."""
+    parser = argparse.ArgumentParser()
+    add_settings_args(parser)
+    flags = {a.dest: a.option_strings for a in parser._actions}
+    assert [
+        flags["manager.scheduling.tpot_target_ms"],
+        flags["manager.scheduling.policy"],
+        flags["engine.policy"],
+        flags["engine.latency_max_batched_tokens"],
+        flags["manager.sharing.prefix_sharing"],
+        flags["manager.auth.api_keys"],
+        flags["manager.limits.max_sessions_per_tenant"],
+        flags["manager.engines.heartbeat_interval_s"],
+        flags["manager.lifecycle.shutdown_grace_s"],
+    ] == [
+        ["--tpot-target-ms"],
+        ["--policy"],
+        ["--engine-policy"],
+        ["--latency-max-batched-tokens"],
+        ["--prefix-sharing", "--no-prefix-sharing"],
+        ["--api-key"],
+        ["--max-sessions-per-tenant"],
+        ["--heartbeat-interval-s"],
+        ["--shutdown-grace-s"],
+    ]
+    assert set(all_settings()) <= set(flags)
 
 
 @pytest.mark.parametrize(
@@ -70,16 +127,44 @@ def test_serve_settings_defaults_then_file_then_flags(tmp_path: Path, capsys: py
             '[engine]\nattention = "flash"',
             "engine.attention: 'flash' is not allowed; allowed values: {backends}",
         ),
-        ('[manager]\npolicy = "lifo"', "manager.policy: 'lifo' is not allowed; allowed values: app_centric, fifo"),
         (
-            '[manager]\ndefault_objective = "speed"',
-            "manager.default_objective: 'speed' is not allowed; allowed values: 'latency' | 'throughput'",
+            '[manager.scheduling]\npolicy = "lifo"',
+            "manager.scheduling.policy: 'lifo' is not allowed; allowed values: app_centric, fifo",
+        ),
+        (
+            '[manager.scheduling]\ndefault_objective = "speed"',
+            "manager.scheduling.default_objective: 'speed' is not allowed; allowed values: 'latency' | 'throughput'",
         ),
         ("[engine]\nmax_num_batched_tokens = 1.5", "engine.max_num_batched_tokens: expected a whole number, got 1.5"),
         ('[serve]\nport = "http"', "serve.port: expected a number (int), got 'http'"),
-        ("[manager]\nearly_fill = 3", "manager.early_fill: expected true or false, got 3"),
-        ("[manager]\ntpot_target_ms = 0", "manager.tpot_target_ms: tpot_target_ms must be > 0"),
-        ("[engine]\nblock_size = 0", "engine: block_size must be >= 1"),
+        ("[manager.scheduling]\nearly_fill = 3", "manager.scheduling.early_fill: expected true or false, got 3"),
+        ("[manager.scheduling]\ntpot_target_ms = 0", "manager.scheduling.tpot_target_ms must be > 0"),
+        (
+            "[manager.sharing]\nprefix_evict_to_free = 0.05",
+            "manager.sharing.prefix_evict_below_free: "
+            "need 0 <= sharing.prefix_evict_below_free <= sharing.prefix_evict_to_free <= 1",
+        ),
+        ('[manager.auth]\napi_keys = [""]', "manager.auth.api_keys must be non-empty strings"),
+        ("[engine]\nblock_size = 0", "engine.block_size must be >= 1"),
+        # A key of a section written in [manager] itself: the message names the table it belongs in.
+        (
+            "[manager]\ntpot_target_ms = 80",
+            "manager.tpot_target_ms is not a setting; it belongs in [manager.scheduling] "
+            "(manager.scheduling.tpot_target_ms)",
+        ),
+        (
+            "[manager.scheduling]\nmax_body_bytes = 80",
+            "manager.scheduling.max_body_bytes is not a setting; allowed keys in [manager.scheduling]: aging_s, "
+            "default_objective, early_fill, initial_latency_cap_calls, latency_cap_calls, "
+            "max_early_filled_calls_per_engine, max_running_calls_per_engine, objective_deduction, policy, "
+            "tpot_floor_slack, tpot_target_ms",
+        ),
+        (
+            "[manager.quotas]\nmax_sessions = 1",
+            "manager.quotas is not a config section; allowed tables in [manager]: auth, limits, scheduling, "
+            "sharing, engines, lifecycle",
+        ),
+        ("[manager]\nscheduling = 5", "manager.scheduling: expected a table of settings, got 5"),
         ("[engines]\nmodel = 1", "engines is not a config section; allowed: serve, engine, manager"),
         (
             "[serve\n",
@@ -102,9 +187,12 @@ def test_serve_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> 
         main(["serve", "--policy", "lifo"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "parrot serve: error: argument --policy: manager.policy: 'lifo' is not allowed; "
+        "parrot serve: error: argument --policy: manager.scheduling.policy: 'lifo' is not allowed; "
         "allowed values: app_centric, fifo"
     )
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--tpot-target-ms", "0", "--print-config"])
+    assert str(e.value) == "configuration error: manager.scheduling.tpot_target_ms must be > 0"
 
 
 def start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], str]:
@@ -143,7 +231,7 @@ def test_serve_and_engine_processes_take_their_settings(tiny_model_folder: Path,
             json.dumps(
                 {
                     "serve": {"port": 0, "builtin": False, "engine_urls": [engine_url]},
-                    "manager": {"operator_keys": ["op"], "latency_cap_calls": 3},
+                    "manager": {"auth": {"operator_keys": ["op"]}, "scheduling": {"latency_cap_calls": 3}},
                 }
             )
         )
