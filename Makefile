@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The dashboard's browser test and DAG layout need Debian's chromium and graphviz (`dot`).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention results serve clean
+.PHONY: install system-deps demo test lint data bench bench-vllm bench-full bench-engine bench-kernels bench-attention results docs serve clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench-attention: install
 # docs/results.md and README.md's headline table, from the result sets in bench_results/.
 results: install
 	$(BIN)/python -m benchmarks.results_page
+
+# docs/operator_guide.md's configuration reference, from the configs' fields.
+docs: install
+	$(BIN)/python -m parrot.cli.reference
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,12 +1,12 @@
 """The guides say what the code does: every `parrot` command line in them parses, the operator
-guide's config file is a valid one, every setting it names exists, its quota table gives
-ManagerConfig's defaults, and its metric tables list exactly the metrics the manager and an engine
-server export, each with its type and labels (scraped after some work, so every family has samples).
-The user guide's Python runs as tests/serve/test_docs.py."""
+guide's config file is a valid one, every setting it names exists (by its path:
+`manager.scheduling.tpot_target_ms`), its quota table gives the defaults, and its metric tables list
+exactly the metrics the manager and an engine server export, each with its type and labels (scraped
+after some work, so every family has samples). The user guide's Python runs as
+tests/serve/test_docs.py; tests/serve/test_cli_reference.py checks the configuration reference."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -16,12 +16,11 @@ from live_server import LiveServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from parrot.cli import build_parser
-from parrot.cli.settings import SERVE_DEFAULTS, build_configs, read_config_file, resolve
+from parrot.cli.flags import resolve
+from parrot.cli.settings import TABLES, all_settings, build_configs, defaults, read_config_file
 from parrot.engine.async_engine import AsyncEngine
-from parrot.engine.config import EngineConfig
 from parrot.engine.server.app import create_engine_app
 from parrot.frontend import Input, Output, SamplingParams, Session, semantic_function
-from parrot.serve.config import ManagerConfig
 from parrot.web.server_thread import ServerThread
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -98,29 +97,26 @@ def test_the_config_file_example_is_a_valid_config(tmp_path: Path) -> None:
     (example,) = blocks(GUIDE.read_text(), "toml")
     path = tmp_path / "parrot.toml"
     path.write_text(example)
-    sections = read_config_file(path)
-    assert sections["manager"]["tpot_target_ms"] == 80
-    engine, manager = build_configs(resolve(build_parser().parse_args(["serve", "--config", str(path)])))
-    assert [engine.latency_max_batched_tokens, manager.operator_keys] == [128, ("ops-secret",)]
+    assert read_config_file(path)["manager.scheduling.tpot_target_ms"] == 80
+    configs = build_configs(resolve(build_parser().parse_args(["serve", "--config", str(path)])))
+    assert [configs.engine.latency_max_batched_tokens, configs.manager.auth.operator_keys] == [128, ("ops-secret",)]
+    assert configs.manager.scheduling.tpot_target_ms == 80
 
 
 def test_every_setting_the_guide_names_exists() -> None:
-    fields = {
-        "serve": set(SERVE_DEFAULTS),
-        "engine": {f.name for f in dataclasses.fields(EngineConfig)},
-        "manager": {f.name for f in dataclasses.fields(ManagerConfig)},
-    }
-    named = re.findall(r"`(serve|engine|manager)\.([a-z_0-9]+)`", GUIDE.read_text())
+    """A setting is named by its path (`engine.dtype`, `manager.limits.max_sessions`); a table may be
+    named too (`manager.scheduling`)."""
+    named = re.findall(r"`((?:serve|engine|manager)\.[a-z_0-9.]+)`", GUIDE.read_text())
     assert len(named) > 30
-    assert [f"{s}.{n}" for s, n in named if n not in fields[s]] == []
+    assert [n for n in named if n not in all_settings() and n not in TABLES] == []
 
 
 def test_the_quota_table_gives_the_defaults() -> None:
     rows = table(GUIDE.read_text(), ["setting", "default", "past it"])
-    stated = {name.removeprefix("manager."): float(default.replace(",", "")) for name, default, _ in rows}
-    defaults = ManagerConfig()
-    assert stated == {name: float(getattr(defaults, name)) for name in stated}
-    assert {"max_sessions_per_tenant", "max_tokens_in_flight_per_tenant", "max_body_bytes"} <= set(stated)
+    stated = {name: float(default.replace(",", "")) for name, default, _ in rows}
+    assert stated == {name: float(defaults()[name]) for name in stated}
+    limits = ("max_sessions_per_tenant", "max_tokens_in_flight_per_tenant", "max_body_bytes")
+    assert {f"manager.limits.{name}" for name in limits} <= set(stated)
 
 
 @semantic_function(sampling=SamplingParams(max_tokens=4, ignore_eos=True))
