@@ -177,13 +177,13 @@ def _subtables(table: str) -> list[str]:
 
 def _unknown_key(table: str, key: str) -> ConfigError:
     path = f"{table}.{key}"
-    homes = [s.table for s in all_settings().values() if s.key == key and s.table.startswith(table + ".")]
-    if len(homes) == 1:
+    homes = [s.table for s in all_settings().values() if s.key == key]
+    if len(homes) == 1:  # a key of another table: name that table
         return ConfigError(f"{path} is not a setting; it belongs in [{homes[0]}] ({homes[0]}.{key})")
     if table in TABLES:
         known = [f.name for f in dataclasses.fields(TABLES[table])]
         return ConfigError(f"{path} is not a setting; allowed keys in [{table}]: {', '.join(sorted(known))}")
-    return ConfigError(f"{path} is not a config section; allowed tables in [{table}]: {', '.join(_subtables(table))}")
+    return ConfigError(f"{path} is not a table or a setting; the tables in [{table}]: {', '.join(_subtables(table))}")
 
 
 def flatten(raw: dict[str, Any]) -> dict[str, Any]:

@@ -146,7 +146,7 @@ def test_flags_keep_their_names_and_every_setting_has_one() -> None:
         ),
         ('[manager.auth]\napi_keys = [""]', "manager.auth.api_keys must be non-empty strings"),
         ("[engine]\nblock_size = 0", "engine.block_size must be >= 1"),
-        # A key of a section written in [manager] itself: the message names the table it belongs in.
+        # A key written in another table (here [manager] itself): the message names the table it belongs in.
         (
             "[manager]\ntpot_target_ms = 80",
             "manager.tpot_target_ms is not a setting; it belongs in [manager.scheduling] "
@@ -154,14 +154,19 @@ def test_flags_keep_their_names_and_every_setting_has_one() -> None:
         ),
         (
             "[manager.scheduling]\nmax_body_bytes = 80",
-            "manager.scheduling.max_body_bytes is not a setting; allowed keys in [manager.scheduling]: aging_s, "
+            "manager.scheduling.max_body_bytes is not a setting; it belongs in [manager.limits] "
+            "(manager.limits.max_body_bytes)",
+        ),
+        (
+            "[manager.scheduling]\nmax_tokens = 80",
+            "manager.scheduling.max_tokens is not a setting; allowed keys in [manager.scheduling]: aging_s, "
             "default_objective, early_fill, initial_latency_cap_calls, latency_cap_calls, "
             "max_early_filled_calls_per_engine, max_running_calls_per_engine, objective_deduction, policy, "
             "tpot_floor_slack, tpot_target_ms",
         ),
         (
             "[manager.quotas]\nmax_sessions = 1",
-            "manager.quotas is not a config section; allowed tables in [manager]: auth, limits, scheduling, "
+            "manager.quotas is not a table or a setting; the tables in [manager]: auth, limits, scheduling, "
             "sharing, engines, lifecycle",
         ),
         ("[manager]\nscheduling = 5", "manager.scheduling: expected a table of settings, got 5"),
