@@ -30,9 +30,9 @@ from parrot.protocol.engine_api import (
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.sim.cost import StepCostModel, StepShape
-from parrot.sim.kv import BlockTable, OutOfBlocks, SimContext
+from parrot.sim.kv import BlockTable, SimContext
 from parrot.sim.profiles import Setup
-from parrot.sim.scheduler import GEN_TOKEN_ID, GEN_TOKEN_TEXT, SchedulerConfig, SimJob, SimScheduler, StepPlan
+from parrot.sim.scheduler import GEN_TOKEN_ID, GEN_TOKEN_TEXT, SimJob, SimScheduler, StepPlan, order_key, step_rules
 
 
 @dataclass
@@ -64,16 +64,7 @@ class SimEngine:
         latency_cap = (
             setup.latency_max_batched_tokens if latency_max_batched_tokens is None else latency_max_batched_tokens
         )
-        self.scheduler = SimScheduler(
-            self.kv,
-            SchedulerConfig(
-                setup.max_num_batched_tokens,
-                latency_cap,
-                setup.latency_prefill_tokens,
-                setup.outranked_chunk_tokens,
-                setup.remainder_share,
-            ),
-        )
+        self.scheduler = SimScheduler(self.kv, step_rules(setup, latency_cap), order_key(setup))
         self.counters = SimCounters()
         self.alive = True  # False: every request raises EngineUnavailable (tests of failover)
         self._ids = itertools.count()
@@ -216,7 +207,7 @@ class SimEngine:
 
     def _enqueue(self, job: SimJob) -> None:
         job.ctx.busy = True
-        self.scheduler.jobs.append(job)
+        self.scheduler.add(job, self._now())
         if self._task is None:
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"sim-engine-{self.model_name}")
@@ -231,29 +222,26 @@ class SimEngine:
     async def _loop(self) -> None:
         assert self._wake is not None
         while True:
-            self.scheduler.jobs = [j for j in self.scheduler.jobs if not j.aborted]
             if not self.scheduler.jobs:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            try:
-                plan = self.scheduler.plan()
-            except OutOfBlocks:
-                self._fail_best()
-                continue
+            plan = self.scheduler.plan(self._now())
+            for job in plan.failed:
+                self.counters.num_errors += 1
+                self._end(job, TokenEvent(token_id=None, finish_reason="error", error="out of KV blocks"))
             if not plan.rows and not plan.chunks:
-                continue  # a preemption made room: plan again
+                if not plan.failed:
+                    raise RuntimeError(f"engine {self.model_name}: a plan with work waiting computes nothing")
+                continue
             shape = plan.shape()
-            step_s = self.cost.step_s(shape)
-            self.counters.peak_blocks_used = max(self.counters.peak_blocks_used, self.kv.num_blocks - self.kv.num_free)
-            await asyncio.sleep(step_s)
-            self._record(shape, step_s, bool(plan.rows))
+            if shape.num_tokens:  # else only fills with nothing left to compute: they end now
+                step_s = self.cost.step_s(shape)
+                used = self.kv.num_blocks - self.kv.num_free
+                self.counters.peak_blocks_used = max(self.counters.peak_blocks_used, used)
+                await asyncio.sleep(step_s)
+                self._record(shape, step_s, bool(plan.rows))
             self._apply(plan)
-
-    def _fail_best(self) -> None:
-        job = min(self.scheduler.jobs, key=SimJob.rank)
-        self.counters.num_errors += 1
-        self._end(job, TokenEvent(token_id=None, finish_reason="error", error="out of KV blocks"))
 
     def _apply(self, plan: StepPlan) -> None:
         now = self._now()

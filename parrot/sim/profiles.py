@@ -104,11 +104,13 @@ class Setup:
     max_model_len: int
     num_blocks: int  # resolved: never 0
     engines: int
-    # The builtin engine's finer rules (parrot/engine/config.py, sched/scheduler.py), set where a
-    # setup stands for it (the CPU setups); the defaults leave a step as the GPU setups had it.
+    # The builtin engine's finer rules (parrot/engine/config.py, sched/plan.py), set where a setup
+    # stands for it (the CPU setups); the defaults leave them out (the GPU setups).
     latency_prefill_tokens: int | None = None  # budget while latency work only prefills; None: the full budget
     outranked_chunk_tokens: int | None = None  # prompt tokens a step for lower-priority jobs; None: no limit
     remainder_share: int | None = None  # a prompt's last chunk may exceed a decode-free step by budget / this
+    aging_s: float | None = None  # a job waiting this long joins the front tier; None: never
+    max_num_seqs: int | None = None  # jobs a step; None: no limit
 
 
 def _table(file: str, name: str) -> dict[str, Any]:

@@ -1,27 +1,38 @@
-"""The simulated engine's step scheduler: jobs, the plan of one step, and applying it.
+"""The simulated engine's step scheduler: its jobs, the builtin engine's step planning over them,
+and applying a step.
 
-Mirrors the builtin engine's rules (parrot/engine/sched/scheduler.py) at the level the cost model
-sees: a token budget per step (`latency_max_batched_tokens` while latency-critical work decodes,
-`latency_prefill_tokens` while it only prefills, else `max_num_batched_tokens`); decode rows first,
-then chunked prefill (a prompt's last chunk may run over a decode-free step by budget /
-`remainder_share`; jobs below the best priority share `outranked_chunk_tokens` prompt tokens a
-step); jobs ranked by objective (latency first), priority, arrival. The setups that stand for the
-builtin engine set those three as its defaults; not mirrored: its contention window (prefill-sized
-steps for 2 s after tiers met), aging, and interrupting a step between layers. When blocks run out
-it reclaims idle contexts (least recently used), then preempts the lowest-ranked decoding job (its
-KV is dropped and recomputed later). A job waits for earlier jobs on its context. Owns the job
-list; `engine.py` owns the loop.
+Each step is planned by `parrot.engine.sched.plan.plan_step`, the builtin engine's own rules (token
+budget, latency cap, contention window, decodes first, chunked prefill, tiers and the outranked
+share, a prompt's last chunk running over a decode-free step, reclaim of idle and waiting contexts,
+preemption of the lowest-ranked running job), with the builtin engine's ordering policy
+(`policy.make_priority`: latency-critical or aged first, then priority, then arrival) on the
+virtual clock. The setup gives the numbers (`step_rules`): the CPU setups the builtin engine's
+defaults; the GPU setups leave out its finer rules (no prefill-sized steps, outranked share,
+running-over, aging or step limit).
+
+This class is the planner's `Owner`: the jobs (a job waits for earlier jobs on its context and on the
+parent it forks), their progress, and the KV primitives over `BlockTable` (kv.py). The simulator's
+own rules: in `reserve`, vLLM's admission, where a prompt starts only when the blocks of its whole
+prefill are free, beside what started prompts still need and a 1% watermark (the builtin engine
+reserves a chunk at a time); reclaim and preemption release a context's whole block table (the
+builtin engine keeps the leading blocks another context shares). Not modelled: interrupting a
+running step between layers when a better tier arrives. Owns the job lists; `engine.py` owns the
+loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
+from parrot.engine.sched.plan import CONTENTION_S, StepRules, plan_step
+from parrot.engine.sched.policy import OrderKey, make_priority
 from parrot.protocol.engine_api import TokenEvent
 from parrot.protocol.objective import Objective
 from parrot.sim.cost import DecodeGroup, PrefillChunk, StepShape
 from parrot.sim.kv import BlockTable, OutOfBlocks, SimContext
+from parrot.sim.profiles import Setup
 
 # What a simulated generation samples: one token whose text repeats stably (" the" in the
 # SmolLM2/LLaMA-style tokenizers), so an output of n tokens re-tokenizes to n tokens downstream.
@@ -40,30 +51,31 @@ class SimJob:
     num_generated: int = 0
     num_computed_tokens: int = 0  # prefill tokens this job computed
     aborted: bool = False
-    admitted: bool = False  # its prefill got its blocks (scheduler._admit); False again when preempted
     fork_from: SimContext | None = None  # a fork waiting for its parent's earlier jobs
     done: asyncio.Future[int] | None = None  # a fill's: resolved with its computed tokens
     events: asyncio.Queue[TokenEvent] | None = None  # a generation's stream
+    arrival: float = 0.0  # virtual time it was added (SimScheduler.add)
+
+    @property
+    def context_id(self) -> str:
+        return self.ctx.context_id
 
     @property
     def decoding(self) -> bool:
         return self.max_tokens > 0 and self.num_generated > 0
 
-    def prefill_target(self) -> int:
-        """Computed tokens before the job can sample: the whole prompt for a new generation; all
-        but the last sampled token for one resuming after preemption; the fill's target."""
-        if self.max_tokens == 0:
-            return self.target
-        return self.ctx.num_tokens - (1 if self.num_generated else 0)
-
-    def rank(self) -> tuple[bool, int, int]:
-        return (self.objective is not Objective.LATENCY, -self.priority, self.job_id)
+    @property
+    def end(self) -> int:
+        """Computed tokens at which the job samples (a generation: its whole context) or ends (a
+        fill: its target)."""
+        return self.ctx.num_tokens if self.max_tokens > 0 else self.target
 
 
 @dataclass
 class StepPlan:
     rows: list[SimJob] = field(default_factory=list)  # decode: one token each
     chunks: list[tuple[SimJob, int, int]] = field(default_factory=list)  # (job, tokens, cached before)
+    failed: list[SimJob] = field(default_factory=list)  # jobs whose KV fits nowhere (ended by the engine)
 
     def shape(self) -> StepShape:
         groups: dict[str, list[SimContext]] = {}
@@ -76,33 +88,50 @@ class StepPlan:
         prefills = tuple(
             PrefillChunk(n, cached, samples=job.max_tokens > 0 and cached + n == job.ctx.num_tokens)
             for job, n, cached in self.chunks
+            if n
         )
         return StepShape(prefills, decodes)
 
 
-@dataclass
-class SchedulerConfig:
-    max_num_batched_tokens: int
-    latency_max_batched_tokens: int
-    # While latency-critical work only prefills (none of it decodes), a step takes up to this many
-    # tokens (at least the cap); None: the full budget.
-    latency_prefill_tokens: int | None = None
-    # Jobs of a lower priority than the best eligible job compute at most this many prompt tokens
-    # a step in all (a decode token each is not limited); None: no limit.
-    outranked_chunk_tokens: int | None = None
-    # In a step without decodes, a prompt whose rest exceeds the budget by at most budget / this is
-    # computed whole (within max_num_batched_tokens); None: never.
-    remainder_share: int | None = None
+def step_rules(setup: Setup, latency_max_batched_tokens: int) -> StepRules:
+    """The planner's numbers for a setup. A setup without `latency_prefill_tokens` gives prefill-only
+    steps of latency work the whole budget."""
+    full = setup.max_num_batched_tokens
+    return StepRules(
+        max_num_batched_tokens=full,
+        latency_max_batched_tokens=latency_max_batched_tokens,
+        latency_prefill_tokens=full if setup.latency_prefill_tokens is None else setup.latency_prefill_tokens,
+        outranked_chunk_tokens=setup.outranked_chunk_tokens,
+        max_num_seqs=setup.max_num_seqs,
+        remainder_share=setup.remainder_share,
+    )
+
+
+def order_key(setup: Setup) -> OrderKey:
+    """The builtin engine's priority policy; a setup without `aging_s` never ages a job."""
+    return make_priority(math.inf if setup.aging_s is None else setup.aging_s)
 
 
 class SimScheduler:
-    def __init__(self, kv: BlockTable, config: SchedulerConfig) -> None:
+    def __init__(self, kv: BlockTable, rules: StepRules, key: OrderKey) -> None:
         self.kv = kv
-        self.config = config
+        self.rules = rules
+        self.order_key = key
         self.jobs: list[SimJob] = []  # arrival order
+        self.running: list[SimJob] = []  # admitted: their prompt got its blocks (reserve)
+        self.waiting: list[SimJob] = []  # not admitted yet, or preempted
         self.num_preemptions = 0
         self.num_reused_tokens = 0  # KV tokens forks took over from their parents
         self.watermark = max(1, kv.num_blocks // 100)  # free blocks admission leaves for decode growth
+        self._contended_until = 0.0  # steps stay prefill-sized until then (plan.token_budget)
+        self._ready: set[SimJob] = set()  # while planning: the eligible jobs
+        self._failed: list[SimJob] = []  # while planning: the rejected jobs
+        self._now = 0.0
+
+    def add(self, job: SimJob, now: float) -> None:
+        job.arrival = now
+        self.jobs.append(job)
+        self.waiting.append(job)
 
     def eligible(self) -> list[SimJob]:
         """Jobs not waiting behind an earlier job on their context, or on the parent they fork."""
@@ -121,116 +150,86 @@ class SimScheduler:
             j.ctx.context_id == context_id or (j.fork_from and j.fork_from.context_id == context_id) for j in self.jobs
         )
 
-    def _reserved(self) -> int:
-        """Blocks admitted prefills still need (admission never hands them out twice)."""
-        return sum(self.kv.blocks_for(j.ctx, j.prefill_target() - j.ctx.num_computed) for j in self.jobs if j.admitted)
+    def plan(self, now: float) -> StepPlan:
+        """The next step (blocks reserved and counted computed as it is planned)."""
+        self._now = now
+        self._ready = set(self.eligible())
+        self._failed = []
+        steps = plan_step(
+            self, self.running, self.waiting, self.rules, lambda j: self.order_key(j, now), now < self._contended_until
+        )
+        if steps.limited:
+            self._contended_until = now + CONTENTION_S
+        plan = StepPlan(failed=self._failed)
+        for grant in steps.grants:
+            job, n = grant.job, grant.num_new
+            if job.decoding and n == 1 and job.ctx.num_computed == job.ctx.num_tokens:
+                plan.rows.append(job)
+            else:
+                plan.chunks.append((job, n, job.ctx.num_computed - n))
+        return plan
 
-    def _admit(self, job: SimJob) -> bool:
-        """Admit a job's whole prefill only when its blocks are free (reclaiming idle contexts),
-        besides what admitted prefills still need and a 1% watermark (as vLLM admits prompts)."""
+    # --- plan.Owner ---------------------------------------------------------------------------
+
+    def ready(self, job: SimJob) -> bool:
+        return job in self._ready
+
+    def need(self, job: SimJob) -> int:
+        computed = job.ctx.num_computed if job.fork_from is None else job.fork_from.num_computed  # after `start`
+        return max(0, job.end - computed)
+
+    def decoding(self, job: SimJob) -> bool:
+        return job.max_tokens > 0 and self.ready(job) and self.need(job) <= 1
+
+    def start(self, job: SimJob) -> bool:
         if job.fork_from is not None:
             self.num_reused_tokens += self.kv.share(job.ctx, job.fork_from)
             job.fork_from = None
-        need = self.kv.blocks_for(job.ctx, job.prefill_target() - job.ctx.num_computed) + self._reserved()
-        if need + self.watermark > self.kv.num_free:
-            self.kv.reclaim_idle(need + self.watermark, keep=self._in_use())
-        # The watermark keeps room for running rows to grow; with none running it is not needed.
-        growing = any(j.decoding and j.admitted for j in self.jobs)
-        job.admitted = need + (self.watermark if growing else 0) <= self.kv.num_free
-        return job.admitted
-
-    def _in_use(self) -> set[str]:
-        keep = {j.ctx.context_id for j in self.jobs}
-        return keep | {j.fork_from.context_id for j in self.jobs if j.fork_from is not None}
-
-    def preempt(self, job: SimJob) -> None:
-        """Drop the job's KV: it recomputes its context (prompt and output so far) when re-admitted."""
-        self.kv.release(job.ctx)
-        job.admitted = False
-        self.num_preemptions += 1
-
-    def _decode_room(self, job: SimJob, decoding: list[SimJob]) -> bool:
-        """A block for the row's next token: reclaim idle contexts, then preempt lower-ranked rows."""
-        kv = self.kv
-        if kv.blocks_for(job.ctx, 1) <= kv.num_free:
-            return True
-        kv.reclaim_idle(1, keep=self._in_use())
-        while kv.blocks_for(job.ctx, 1) > kv.num_free:
-            victims = [j for j in decoding if j is not job and j.ctx.blocks and j.rank() > job.rank()]
-            if not victims:
-                return False
-            self.preempt(max(victims, key=SimJob.rank))
         return True
 
-    def plan(self) -> StepPlan:
-        plan = StepPlan()
-        jobs = self.eligible()
-        decoding = sorted(
-            (j for j in jobs if j.decoding and j.admitted and j.ctx.num_computed == j.ctx.num_tokens - 1),
-            key=SimJob.rank,
-        )
-        budget = self._budget(decoding)
-        for job in decoding:
-            if budget == 0:
-                break
-            if job.admitted and self._decode_room(job, decoding):
-                self.kv.compute(job.ctx, 1)
-                plan.rows.append(job)
-                budget -= 1
-        rows = set(plan.rows)
-        prefilling = sorted(
-            (j for j in jobs if j not in rows and (j.fork_from is not None or j.ctx.num_computed < j.prefill_target())),
-            key=SimJob.rank,
-        )
-        cfg = self.config
-        slack = 0
-        if not decoding and cfg.remainder_share:  # prompts only: a last chunk may run over a little
-            slack = max(0, min(budget // cfg.remainder_share, cfg.max_num_batched_tokens - budget))
-        top = max((j.priority for j in jobs), default=0)
-        outranked_left = cfg.outranked_chunk_tokens
-        for job in prefilling:
-            if budget <= 0:
-                break
-            if not job.admitted and not self._admit(job):
-                break  # first come, first served: a later prompt does not overtake one that waits for room
-            need = job.prefill_target() - job.ctx.num_computed
-            outranked = outranked_left is not None and job.priority < top
-            num = need if need <= budget + (0 if outranked else slack) else min(need, budget)
-            if outranked and num > 1 and outranked_left is not None:
-                num = min(num, max(outranked_left, 0))
-                outranked_left -= num
-            if num <= 0:
-                continue
-            cached = job.ctx.num_computed
-            self.kv.compute(job.ctx, num)
-            plan.chunks.append((job, num, cached))
-            budget -= num
-        if not plan.rows and not plan.chunks:
-            self._unstick(jobs)
-        return plan
+    def handoff(self, job: SimJob, num_new: int) -> SimJob | None:
+        return None  # a generation's job carries its prompt: its last chunk samples
 
-    def _budget(self, decoding: list[SimJob]) -> int:
-        """The step's tokens: the latency cap while latency-critical work decodes; while it only
-        prefills, `latency_prefill_tokens` (at least the cap); else the full budget."""
-        cfg = self.config
-        full = cfg.max_num_batched_tokens
-        if any(j.objective is Objective.LATENCY for j in decoding):
-            return min(cfg.latency_max_batched_tokens, full)
-        if cfg.latency_prefill_tokens is not None and any(
-            j.objective is Objective.LATENCY and not j.aborted for j in self.jobs
-        ):
-            return min(max(cfg.latency_max_batched_tokens, cfg.latency_prefill_tokens), full)
-        return full
+    def reserve(self, job: SimJob, num_new: int) -> bool:
+        if job not in self.running and not self._admits(job):
+            return False
+        try:
+            self.kv.compute(job.ctx, num_new)
+        except OutOfBlocks:
+            return False
+        return True
 
-    def _unstick(self, jobs: list[SimJob]) -> None:
-        """Nothing could run: preempt the lowest-ranked job holding blocks, so the best one can;
-        with no one to preempt, the best job can never fit (the engine fails it)."""
-        holders = [j for j in jobs if j.ctx.blocks and j is not min(jobs, key=SimJob.rank)]
-        if holders:
-            self.preempt(max(holders, key=SimJob.rank))
-            return
-        if jobs:
-            raise OutOfBlocks(min(jobs, key=SimJob.rank).ctx.context_id)
+    def reclaim_idle(self, keep: set[str]) -> bool:
+        return self.kv.reclaim_idle(self.kv.num_free + 1, keep) > 0
+
+    def truncate(self, job: SimJob) -> bool:
+        if all(self.kv.refs[b] > 1 for b in job.ctx.blocks):
+            return False  # releasing would free nothing
+        return self.kv.release(job.ctx) > 0
+
+    def preempt(self, job: SimJob) -> None:
+        self.kv.release(job.ctx)
+        self.num_preemptions += 1
+
+    def reject(self, job: SimJob) -> None:
+        self._failed.append(job)
+        self.finish(job, self._now)
+        self._ready = set(self.eligible())
+
+    def _admits(self, job: SimJob) -> bool:
+        """vLLM's admission: the blocks of the job's whole prefill are free, besides what admitted
+        prefills still need and, while running rows grow, a 1% watermark."""
+        kv = self.kv
+        need = kv.blocks_for(job.ctx, self.need(job))
+        need += sum(kv.blocks_for(j.ctx, self.need(j)) for j in self.running if not self._decodes(j))
+        growing = any(j.decoding for j in self.running)
+        return need + (self.watermark if growing else 0) <= kv.num_free
+
+    def _decodes(self, job: SimJob) -> bool:
+        """A running generation that makes one token a step (no prompt left to compute)."""
+        return job.decoding and job.ctx.num_computed == job.ctx.num_tokens - 1
+
+    # --- after a step -------------------------------------------------------------------------
 
     def apply(self, plan: StepPlan, now: float) -> tuple[list[SimJob], int]:
         """After the step's time passed: sampled tokens join their contexts. Returns the jobs that
@@ -240,16 +239,17 @@ class SimScheduler:
         for job, num, cached in plan.chunks:
             num_prefill += num
             job.num_computed_tokens += num
-            if job.max_tokens > 0 and job.num_generated == 0 and cached + num == job.ctx.num_tokens:
-                sampled.append(job)  # the prompt's last chunk samples the first token
+            if job.max_tokens > 0 and cached + num == job.ctx.num_tokens:
+                sampled.append(job)  # a generation's prompt (or its recomputed context) ends: it samples
         for job in sampled:
             job.ctx.num_tokens += 1
             job.num_generated += 1
         return sampled, num_prefill
 
     def finish(self, job: SimJob, now: float) -> None:
-        if job in self.jobs:
-            self.jobs.remove(job)
+        for jobs in (self.jobs, self.running, self.waiting):
+            if job in jobs:
+                jobs.remove(job)
         if all(j.ctx is not job.ctx for j in self.jobs):
             job.ctx.busy = False
         job.ctx.last_used = now

@@ -9,14 +9,31 @@ prompts of jobs in lower tiers (EngineConfig.outranked_chunk_tokens).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from parrot.engine.sched.job import Job
 from parrot.protocol.objective import Objective
 
-OrderKey = Callable[[Job, float], tuple]
+
+class Ranked(Protocol):
+    """What a policy reads of a job (the builtin engine's `Job`, the simulator's `SimJob`)."""
+
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def objective(self) -> Objective: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def arrival(self) -> float: ...
 
 
-def fcfs(job: Job, now: float) -> tuple:
+OrderKey = Callable[[Ranked, float], tuple]
+
+
+def fcfs(job: Ranked, now: float) -> tuple:
     return (job.arrival, job.job_id)
 
 
@@ -27,7 +44,7 @@ def make_priority(aging_s: float) -> OrderKey:
     or high-priority work never starves it.
     """
 
-    def key(job: Job, now: float) -> tuple:
+    def key(job: Ranked, now: float) -> tuple:
         front = job.objective == Objective.LATENCY or now - job.arrival >= aging_s
         return (0 if front else 1, -job.priority, job.arrival, job.job_id)
 

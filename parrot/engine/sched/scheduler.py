@@ -1,35 +1,26 @@
-"""The engine's batch scheduler: which jobs run in the next step, and how many tokens each.
+"""The engine's batch scheduler: its jobs (admission, readiness, progress, completion), the
+interruption of a running step, and the engine's side of step planning.
 
-Owned by the engine loop thread (callers hold the engine lock). A step spends a token budget:
-running jobs first in policy order (a decode costs one token, a fill or a prompt a chunk), then
-waiting jobs whose dependencies are met. When the KV pool runs out, the job ranked last is
-preempted (its unshared blocks freed; it recomputes later). `schedule` only plans and reserves
-blocks; `LLMEngine` runs the plan and applies its results.
+Owned by the engine loop thread (callers hold the engine lock). The rules of a step (token budget,
+decodes first, tiers, chunked prefill, reclaim and preemption) are `plan.plan_step`'s; this class
+is its `plan.Owner` over the engine's jobs, contexts and block pool. `schedule` only plans and
+reserves blocks; `LLMEngine` runs the plan and applies its results.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from parrot.engine.config import EngineConfig
 from parrot.engine.kv.block_pool import OutOfBlocks
 from parrot.engine.kv.context import ContextTable
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
+from parrot.engine.sched.plan import CONTENTION_S, StepRules, plan_step
 from parrot.engine.sched.policy import get_policy, tier
 from parrot.protocol.engine_api import FillRequest, check_context_ids
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.objective import Objective
-
-# After a better tier met a lower one (an interrupted step, a lower-tier prompt held back), steps
-# stay prefill-sized this long: more such requests tend to follow the first.
-CONTENTION_S = 2.0
-# In a step without decodes, a prompt whose rest exceeds the budget by at most budget / this is
-# computed whole (_Budget.slack), within max_num_batched_tokens.
-REMAINDER_SHARE = 8
 
 
 class Scheduler:
@@ -47,7 +38,8 @@ class Scheduler:
         self._step_tier: tuple | None = None  # the running step's best tier, when it may be interrupted
         # Set when a job that outranks the running step arrives; the model reads it between layers.
         self.interrupt = threading.Event()
-        self._contended_until = 0.0  # steps stay prefill-sized until then (see `_token_budget`)
+        self._contended_until = 0.0  # steps stay prefill-sized until then (plan.token_budget)
+        self._plan = StepPlan()  # the plan `schedule` builds: `reserve` adds block copies, `_fail` failures
 
     # ---- admission --------------------------------------------------------------------------
     def add(self, job: Job) -> None:
@@ -110,7 +102,8 @@ class Scheduler:
             return True
         return any(j.fork_from == context_id and not j.started for j in self.waiting)
 
-    def _ready(self, job: Job) -> bool:
+    def ready(self, job: Job) -> bool:
+        """`plan.Owner`: first in its context's queue, and its fork parent has no queued jobs."""
         queue = self.queues[job.context_id]
         if queue[0] is not job:
             return False
@@ -119,104 +112,67 @@ class Scheduler:
     # ---- planning ---------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         now = time.monotonic()
-        plan = StepPlan()
-        self.running.sort(key=lambda j: self.order_key(j, now))
-        self.waiting.sort(key=lambda j: self.order_key(j, now))
-        budget = _Budget(self._token_budget(now), self.config.outranked_chunk_tokens, self._top_tier(now))
-        # Decodes first (one token each), then chunks, both in policy order. A waiting job that
-        # outranks a running chunk starts before it: a long prefill of lower-ranked work does not
-        # hold back a higher-ranked request that arrives while it runs.
-        decodes: list[Job] = []
-        chunks: list[Job] = []
-        for job in self.running:
-            (decodes if self._need(job) <= 1 else chunks).append(job)
-        protected: set[str] = set()
-        self._serve(decodes, plan, budget, protected, now)
-        if not decodes and not any(self._decoding(j) for j in self.waiting):  # prompts only (`_Budget.slack`)
-            budget.slack = min(budget.tokens // REMAINDER_SHARE, self.config.max_num_batched_tokens - budget.tokens)
-        for job in chunks:
-            self._admit(plan, budget, now, protected, above=self.order_key(job, now))
-            self._serve([job], plan, budget, protected, now)
-        self._admit(plan, budget, now, protected)
-        if budget.limited:
+        self._plan = plan = StepPlan()
+        cfg = self.config
+        rules = StepRules(
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            latency_max_batched_tokens=cfg.latency_max_batched_tokens,
+            latency_prefill_tokens=cfg.latency_prefill_tokens,
+            outranked_chunk_tokens=cfg.outranked_chunk_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+        )
+        steps = plan_step(
+            self, self.running, self.waiting, rules, lambda j: self.order_key(j, now), now < self._contended_until
+        )
+        plan.seqs = [self._seq(g.job, g.num_new, g.handoff) for g in steps.grants]
+        if steps.limited:
             self._contended_until = now + CONTENTION_S
         return plan
 
-    def _top_tier(self, now: float) -> tuple | None:
-        """The best tier among running jobs and ready waiting ones, or None."""
-        jobs = itertools.chain(self.running, (j for j in self.waiting if self._ready(j)))
-        return min((tier(self.order_key(j, now)) for j in jobs), default=None)
-
-    def _serve(self, jobs: list[Job], plan: StepPlan, budget: _Budget, protected: set[str], now: float) -> None:
-        """Give running `jobs` their tokens of the step, in order."""
-        for job in jobs:
-            if job not in self.running or len(plan.seqs) >= self.config.max_num_seqs or budget.tokens <= 0:
-                continue
-            outranked = budget.outranked(self.order_key(job, now))
-            need = self._need(job)
-            n = budget.grant(need, outranked)
-            if need and not n:
-                continue  # lower-tier prompt with the outranked share spent
-            handoff = self._handoff(job, n) if n < budget.room(outranked) else None
-            if not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=True):
-                continue
-            plan.seqs.append(self._seq(job, n, handoff))
-            protected.add(job.context_id)
-            budget.spend(n + (handoff is not None), outranked)
-
-    def _token_budget(self, now: float) -> int:
-        """The step's token budget. Latency-critical work that decodes caps it (every step is one
-        of its output tokens); latency-critical work that only prefills gets prefill-sized steps.
-        Shortly after tiers met (`CONTENTION_S`), steps are prefill-sized too: a better-tier request
-        that arrives mid-step then interrupts a layer of a 512-token step, not of a 2,048-token one."""
-        cfg = self.config
-        cap = cfg.latency_max_batched_tokens
-        full = cfg.max_num_batched_tokens
-        if now < self._contended_until and cfg.latency_prefill_tokens is not None:
-            full = min(full, cfg.latency_prefill_tokens)
-        latency = [j for j in self.running + self.waiting if j.objective == Objective.LATENCY]
-        if cap is None or not latency:
-            return full
-        if cfg.latency_prefill_tokens is not None and not any(self._decoding(j) for j in latency):
-            cap = max(cap, cfg.latency_prefill_tokens)
-        return min(cap, full)
-
-    def _decoding(self, job: Job) -> bool:
+    # ---- plan.Owner: the planner's questions about jobs, and its KV primitives ---------------
+    def decoding(self, job: Job) -> bool:
         """A Generate that can run and whose prompt is computed: each step makes one of its tokens
         (also one not yet admitted, e.g. right after a fill handed its first token over)."""
-        return job.kind is JobKind.GENERATE and self._ready(job) and self._need(job) <= 1
+        return job.kind is JobKind.GENERATE and self.ready(job) and self.need(job) <= 1
 
-    def _admit(
-        self, plan: StepPlan, budget: _Budget, now: float, protected: set[str], above: tuple | None = None
-    ) -> None:
-        """Start waiting jobs (sorted by the caller) that are ready, in order, while the budget
-        lasts; with `above`, only those ranked before that key."""
-        keys = ((j, self.order_key(j, now)) for j in self.waiting)
-        # Only the (usually short) head ranked before `above` is copied, not the whole queue.
-        candidates = list(itertools.takewhile(lambda jk: above is None or jk[1] < above, keys))
-        for job, key in candidates:
-            if budget.tokens <= 0 or len(plan.seqs) >= self.config.max_num_seqs:
-                return
-            if job not in self.waiting or not self._ready(job):
-                continue
-            if not job.started:
-                error = self._start(job)
-                if error is not None:
-                    self._fail(job, error, plan)
-                    continue
-            outranked = budget.outranked(key)
-            need = self._need(job)
-            n = budget.grant(need, outranked)
-            if need and not n:
-                continue  # lower-tier prompt with the outranked share spent: it stays waiting
-            handoff = self._handoff(job, n) if 0 < n < budget.room(outranked) else None
-            if n and not self._reserve(job, n + (handoff is not None), plan, protected, may_preempt=False):
-                return  # wait for running work to free blocks; keep the order
-            self.waiting.remove(job)
-            self.running.append(job)
-            plan.seqs.append(self._seq(job, n, handoff))  # n == 0: nothing to compute, done this step
-            protected.add(job.context_id)
-            budget.spend(n + (handoff is not None), outranked)
+    def start(self, job: Job) -> bool:
+        if job.started:
+            return True
+        error = self._start(job)
+        if error is not None:
+            self._fail(job, error)
+            return False
+        return True
+
+    def reserve(self, job: Job, num_new: int) -> bool:
+        ctx = self.contexts.get(job.context_id)
+        try:
+            self._plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + num_new)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def reclaim_idle(self, keep: set[str]) -> bool:
+        """Idle contexts (no queued job), least recently used first: their KV that no other context
+        shares. A reclaimed context keeps its tokens; the rest of its KV is recomputed when it is
+        next used."""
+        busy = set(self.queues)
+        idle = [c for c in self.contexts.contexts.values() if c.context_id not in busy and c.context_id not in keep]
+        idle.sort(key=lambda c: c.last_used)
+        return any(self.contexts.truncate_to_shared(c) for c in idle)
+
+    def truncate(self, job: Job) -> bool:
+        return job.context_id in self.contexts and bool(
+            self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
+        )
+
+    def preempt(self, job: Job) -> None:
+        self.num_preemptions += 1
+        self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
+
+    def reject(self, job: Job) -> None:
+        msg = f"the KV cache ({self.contexts.pool.num_blocks} blocks) cannot hold this context"
+        self._fail(job, ParrotError(msg, status=503))
 
     def _start(self, job: Job) -> ParrotError | None:
         """First admission: fork the context if asked, append the fill's tokens, set targets."""
@@ -248,7 +204,7 @@ class Scheduler:
         job.started = True
         return None
 
-    def _need(self, job: Job) -> int:
+    def need(self, job: Job) -> int:
         ctx = self.contexts.get(job.context_id)
         if job.kind is JobKind.FILL:
             return max(0, job.target - ctx.num_computed)
@@ -261,7 +217,7 @@ class Scheduler:
         sample = job.kind is JobKind.GENERATE and ctx.num_computed + n == len(ctx.tokens)
         return ScheduledSeq(job, n, sample)
 
-    def _handoff(self, job: Job, n: int) -> Job | None:
+    def handoff(self, job: Job, n: int) -> Job | None:
         """The Generate waiting right behind `job` on its context, if `n` more tokens finish the
         fill: the fill's last chunk then computes the final token too and samples for it."""
         if job.kind is not JobKind.FILL:
@@ -277,56 +233,8 @@ class Scheduler:
             return None
         return nxt
 
-    def _reserve(self, job: Job, n: int, plan: StepPlan, protected: set[str], may_preempt: bool) -> bool:
-        """Reserve blocks for `n` more tokens of `job`, reclaiming others' blocks if needed.
-
-        Reclaim order: idle contexts (least recently used first), then contexts of waiting jobs
-        (lowest ranked first), then, if `may_preempt`, running jobs ranked below this one. A
-        reclaimed context keeps its tokens and the blocks other contexts share; the rest of its
-        KV is recomputed when it is next used. A job that cannot fit even then fails.
-        """
-        ctx = self.contexts.get(job.context_id)
-        keep = protected | {job.context_id}
-        while True:
-            try:
-                plan.block_copies += self.contexts.reserve(ctx, ctx.num_computed + n)
-                return True
-            except OutOfBlocks:
-                if self._reclaim(keep, job if may_preempt else None):
-                    continue
-                if not plan.seqs and (may_preempt or not self.running):
-                    msg = f"the KV cache ({self.contexts.pool.num_blocks} blocks) cannot hold this context"
-                    self._fail(job, ParrotError(msg, status=503), plan)
-                return False
-
-    def _reclaim(self, keep: set[str], preempt_below: Job | None) -> bool:
-        busy = set(self.queues)
-        idle = [c for c in self.contexts.contexts.values() if c.context_id not in busy and c.context_id not in keep]
-        idle.sort(key=lambda c: c.last_used)
-        for c in idle:
-            if self.contexts.truncate_to_shared(c):
-                return True
-        for j in reversed(self.waiting):
-            in_use = j.context_id in keep or j.context_id not in self.contexts
-            if not in_use and self.contexts.truncate_to_shared(self.contexts.get(j.context_id)):
-                return True
-        if preempt_below is not None:
-            for j in reversed(self.running):
-                if j is preempt_below:
-                    break
-                if j.context_id not in keep:
-                    self._preempt(j)
-                    return True
-        return False
-
-    def _preempt(self, job: Job) -> None:
-        self.num_preemptions += 1
-        self.contexts.truncate_to_shared(self.contexts.get(job.context_id))
-        self.running.remove(job)
-        self.waiting.append(job)
-
-    def _fail(self, job: Job, error: ParrotError, plan: StepPlan) -> None:
-        plan.failed.append((job, error))
+    def _fail(self, job: Job, error: ParrotError) -> None:
+        self._plan.failed.append((job, error))
         self.finish(job)
 
     # ---- completion -------------------------------------------------------------------------
@@ -350,40 +258,3 @@ class Scheduler:
             queue.remove(job)
             if not queue:
                 del self.queues[job.context_id]
-
-
-@dataclass
-class _Budget:
-    """One step's tokens. Jobs of a lower tier than the step's best (`top`) share at most
-    `outranked_left` of them (EngineConfig.outranked_chunk_tokens; None: no such limit), beyond
-    one decode token each: someone's output is not slowed by prompts that matter less."""
-
-    tokens: int
-    outranked_left: int | None
-    top: tuple | None
-    limited: bool = False  # some lower-tier job got fewer prompt tokens than it needed
-    # Tokens a prompt's last chunk may take beyond the budget in a step without decodes: a
-    # 1,056-token prompt in 512-token steps is 544 + 512 tokens, not 512 + 512 + 32, whose third
-    # step costs ~65 ms for 32 tokens on two cores (the weights are read once per step whatever
-    # its size); with a decode in the step, none (its time per output token stays capped).
-    slack: int = 0
-
-    def outranked(self, key: tuple) -> bool:
-        return self.outranked_left is not None and self.top is not None and tier(key) > self.top
-
-    def room(self, outranked: bool) -> int:
-        """Tokens a job may still take in this step (its last chunk: with the slack)."""
-        return self.tokens if outranked else self.tokens + self.slack
-
-    def grant(self, need: int, outranked: bool) -> int:
-        """Tokens a job that needs `need` more gets now (all of them when the rest fits the slack)."""
-        n = need if need <= self.room(outranked) else min(need, self.tokens)
-        if outranked and n > 1:
-            n = min(n, max(self.outranked_left or 0, 0))
-            self.limited = self.limited or n < min(need, self.tokens)
-        return n
-
-    def spend(self, n: int, outranked: bool) -> None:
-        self.tokens -= n
-        if outranked and n > 1 and self.outranked_left is not None:
-            self.outranked_left -= n
