@@ -162,7 +162,7 @@ class SemanticFunction:
         self,
         base_url: str,
         *args: Any,
-        api_key: str = "parrot",
+        api_key: str | None = None,
         criteria: Criteria | str = Criteria.LATENCY,
         timeout: float | None = None,
         **kwargs: Any,
