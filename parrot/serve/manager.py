@@ -39,6 +39,8 @@ from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
 from parrot.serve.runtime.batches import batch_chars, check_awaited, stage_batch, submitted, tokenize_batch
+from parrot.serve.runtime.call_log import log_finished
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
@@ -78,9 +80,13 @@ class Manager:
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
-        self.executor.on_finish = self.metrics.call_finished
+        self.executor.on_finish = self._call_finished
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)
+
+    def _call_finished(self, session: Session, run: CallRun) -> None:
+        self.metrics.call_finished(run)
+        log_finished(session.session_id, run)
 
     async def start(self) -> None:
         await self.pool.start()
