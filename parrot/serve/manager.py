@@ -35,10 +35,10 @@ from parrot.protocol.public_api import (
     VariableState,
     VariableValue,
 )
-from parrot.protocol.template import ParsedTemplate, parse_template
+from parrot.protocol.template import ParsedTemplate
 from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.batches import batch_chars, check_awaited, stage_batch, submitted, tokenize_batch
+from parrot.serve.runtime.batches import batch_chars, check_awaited, parse_calls, stage_batch, submitted, tokenize_batch
 from parrot.serve.runtime.call_log import log_finished
 from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.contexts import PrefixContexts
@@ -226,17 +226,10 @@ class Manager:
         """Create the batch's variables, then its calls; all or nothing."""
         self._admit()
         check_awaited(req, session.graph.variables)
-        staged = self._submit(session, req.variables, self._parse(req, call_field_prefix), call_field_prefix)
+        parsed = parse_calls(req.calls, self.pool, call_field_prefix)
+        staged = self._submit(session, req.variables, parsed, call_field_prefix)
         self.note_awaited(session, req.awaited)
         return submitted(staged)
-
-    def _parse(self, req: SubmitRequest, call_field_prefix: str) -> list[tuple[CallSpec, ParsedTemplate, str]]:
-        parsed = []
-        for j, spec in enumerate(req.calls):
-            at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""
-            template = parse_template(spec.template, field=f"{at}template")
-            parsed.append((spec, template, self.pool.resolve_model(spec.model, field=f"{at}model")))
-        return parsed
 
     def submit_call(self, session: Session, spec: CallSpec) -> CallInfo:
         return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
@@ -284,7 +277,7 @@ class Manager:
             return self.submit(session, req, call_field_prefix)
         self._admit()
         check_awaited(req, session.graph.variables)
-        parsed = self._parse(req, call_field_prefix)
+        parsed = parse_calls(req.calls, self.pool, call_field_prefix)
         self._check_admissible(session, len(parsed))
         session.submitting = True
         try:
