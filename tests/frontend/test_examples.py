@@ -12,6 +12,8 @@ from examples.chain_summary import chain_summary
 from examples.common import chunk_words
 from examples.demo import run_demo
 from examples.map_reduce_summary import map_reduce_summary
+from examples.multi_output import tell_joke
+from examples.native_pipeline import titled
 from examples.savings import Phase, summary_lines
 
 TEXT = " ".join(f"word{i}" for i in range(50))
@@ -100,3 +102,12 @@ def test_the_summary_states_the_phase_figures() -> None:
         "token-block boundaries)",
         "  same final text in both runs: 2 of 3 apps (greedy)",
     ]
+
+
+def test_the_multi_output_and_native_pipeline_examples_run(server: LiveServer) -> None:
+    joke, explanation = tell_joke("parrots", server.url)
+    assert isinstance(joke, str) and isinstance(explanation, str)
+    title = titled(TEXT, server.url)
+    assert "(key terms: " in title
+    # One chat-form call with two outputs; then summarize -> (native key terms) -> write_title.
+    assert num_generations(server) == 2 + 2
