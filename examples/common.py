@@ -1,4 +1,4 @@
-"""Shared bits of the examples: document chunking, ChatML prompts, a small CLI."""
+"""Shared bits of the examples: document chunking, a small CLI."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-# The default model (SmolLM2-135M-Instruct) is a ChatML model. The markup is ordinary template
-# text: the placeholders inside stay unrendered until the manager fills them.
-USER = "<|im_start|>user\n"
-ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 def chunk_words(text: str, chunk_len: int = 250) -> list[str]:
@@ -22,12 +17,12 @@ def chunk_words(text: str, chunk_len: int = 250) -> list[str]:
     return [" ".join(words[i : i + chunk_len]) for i in range(0, len(words), chunk_len)]
 
 
-def cli(description: str, run: Callable[[str, str, str], str]) -> None:
+def cli(description: str, run: Callable[[str, str, str | None], str]) -> None:
     """`python -m examples.<name> --url URL --file DOC`: run the app, print its result and time."""
     parser = argparse.ArgumentParser(description=description)
     # `parrot run examples/<name>.py` passes the manager in PARROT_URL / PARROT_API_KEY.
     parser.add_argument("--url", default=os.environ.get("PARROT_URL", "http://127.0.0.1:8000"), help="the manager")
-    parser.add_argument("--api-key", default=os.environ.get("PARROT_API_KEY", "parrot"))
+    parser.add_argument("--api-key", default=os.environ.get("PARROT_API_KEY"), help="none: a development manager")
     parser.add_argument("--file", type=Path, help="a text document (default: a short built-in text)")
     args = parser.parse_args()
     text = args.file.read_text() if args.file else SAMPLE_TEXT

@@ -48,7 +48,7 @@ def map_reduce_chain(llm: ChatParrot, session: Session) -> RunnableSequence[Any,
 
 
 def langchain_map_reduce(
-    text: str, base_url: str, api_key: str = "parrot", chunk_len: int = 250, lazy: bool = True, max_tokens: int = 64
+    text: str, base_url: str, api_key: str | None = None, chunk_len: int = 250, lazy: bool = True, max_tokens: int = 64
 ) -> str:
     with Session(base_url, api_key=api_key) as s:
         llm = ChatParrot(session=s, lazy=lazy, max_tokens=max_tokens, temperature=0.0)
@@ -59,7 +59,7 @@ def langchain_map_reduce(
 def main() -> None:
     parser = argparse.ArgumentParser(description="LangChain map-reduce on Parrot, awaited and lazy")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the Parrot manager's base URL")
-    parser.add_argument("--api-key", default="parrot")
+    parser.add_argument("--api-key", default=None, help="none: a development manager")
     parser.add_argument("--file", type=Path, help="a text document (default: a short built-in text)")
     parser.add_argument("--chunk-len", type=int, default=250, help="words per map")
     parser.add_argument("--repeats", type=int, default=1)

@@ -12,19 +12,19 @@ from __future__ import annotations
 import collections
 import re
 
-from examples.common import ASSISTANT, USER, cli
-from parrot.frontend import SamplingParams, SemanticFunction, Session, native_function
+from examples.common import cli
+from parrot.frontend import SamplingParams, SemanticFunction, Session, assistant, native_function, user
 
 summarize = SemanticFunction(
     "summarize",
-    USER + "Summarize this text in three sentences:\n{{input:text}}" + ASSISTANT + "{{output:summary}}",
+    [user("Summarize this text in three sentences:\n{{input:text}}"), assistant("{{output:summary}}")],
     inputs=["text"],
     outputs={"summary": SamplingParams(max_tokens=96, temperature=0.0)},
 )
 
 write_title = SemanticFunction(
     "write_title",
-    USER + "Write a short title for an article about {{input:terms}}." + ASSISTANT + "Title:{{output:title}}",
+    [user("Write a short title for an article about {{input:terms}}."), assistant("Title:{{output:title}}")],
     inputs=["terms"],
     outputs={"title": SamplingParams(max_tokens=24, temperature=0.0, stop=["\n"])},
 )
@@ -92,7 +92,7 @@ def key_terms(summary: str, top: int = 3) -> str:
     return ", ".join(w for w, _ in collections.Counter(words).most_common(top)) or "this text"
 
 
-def titled(text: str, base_url: str, api_key: str = "parrot") -> str:
+def titled(text: str, base_url: str, api_key: str | None = None) -> str:
     with Session(base_url, api_key=api_key) as session:
         document = session.variable("document", text)
         summary = summarize(document)

@@ -49,7 +49,7 @@ class SessionCore:
         transport: ApiTransport,
         loop: asyncio.AbstractEventLoop,
         batch_size: int = 512,
-        api_key: str = "parrot",
+        api_key: str | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
         self.transport = transport

@@ -17,6 +17,10 @@ existing, unset variable to write. One output returns one variable, several retu
 parameter order; `fn.samples(n, ...)` makes n calls sharing one filled prompt and returns a list.
 Outputs may be constrained (regex, choices, a JSON schema) and typed (outputs.py).
 
+A chat model's prompt is written as roles, never as its chat markers: `@semantic_function(chat=True)`
+with `system:` / `user:` / `assistant:` lines in the docstring, or a list of messages as the
+template; the manager applies the model's own chat template (chat.py).
+
 Sampling settings merge in layers (sampling.py): the function's `sampling=`, then each output's
 `Output(...)`, then a call's `with_sampling(...)`; each level overrides only the fields it sets.
 """
@@ -29,17 +33,19 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
+from parrot.frontend.chat import as_messages, docstring_messages
 from parrot.frontend.core import SessionCore, current_core
-from parrot.frontend.inputs import Input, Part, bind_inputs, parts_of
+from parrot.frontend.inputs import Input, Part, bind_chat_inputs, bind_inputs, parts_of
 from parrot.frontend.outputs import Output, check_one_constraint, named
 from parrot.frontend.sampling import SamplingLike, Settings, merge, settings_of
 from parrot.frontend.transport import ApiTransport
 from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.chat import ParsedChat, parse_chat
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Criteria
-from parrot.protocol.public_api import MAX_BATCH_CALLS, MAX_GET_TIMEOUT_S, Binding, CallSpec, RunRequest
+from parrot.protocol.public_api import MAX_BATCH_CALLS, MAX_GET_TIMEOUT_S, Binding, CallSpec, ChatMessage, RunRequest
 from parrot.protocol.sampling import SamplingParams
-from parrot.protocol.template import parse_template
+from parrot.protocol.template import ParsedTemplate, parse_template
 
 __all__ = ["Input", "Output", "SemanticFunction", "current_session_core", "semantic_function"]
 
@@ -57,16 +63,26 @@ class SemanticFunction:
     def __init__(
         self,
         name: str,
-        template: str,
+        template: str | Sequence[ChatMessage | tuple[str, str]],
         inputs: Sequence[str],
         outputs: Mapping[str, Output | SamplingLike | None],
         sampling: SamplingLike | None = None,
         model: str | None = None,
         input_styles: Mapping[str, Input] | None = None,
     ) -> None:
+        """`template`: template text, or chat messages (chat.py: the manager renders them with the
+        model's chat template)."""
         self.name = name
-        self.template = template
-        self._parsed = parsed = parse_template(template, field=f"{name}.template")
+        self.template: str | None = None
+        self.messages: list[ChatMessage] | None = None
+        self._parsed: ParsedTemplate | ParsedChat
+        parsed: ParsedTemplate | ParsedChat
+        if isinstance(template, str):
+            self.template = template
+            self._parsed = parsed = parse_template(template, field=f"{name}.template")
+        else:
+            self.messages = as_messages(template, f"{name}.messages")
+            self._parsed = parsed = parse_chat([(m.role, m.content) for m in self.messages], f"{name}.messages")
         if set(parsed.input_names) != set(inputs):
             raise ParrotError(
                 f"{name}: the template's inputs {sorted(parsed.input_names)} do not match the parameters "
@@ -162,7 +178,7 @@ class SemanticFunction:
         self,
         base_url: str,
         *args: Any,
-        api_key: str = "parrot",
+        api_key: str | None = None,
         criteria: Criteria | str = Criteria.LATENCY,
         timeout: float | None = None,
         **kwargs: Any,
@@ -221,7 +237,15 @@ class SemanticFunction:
             if isinstance(given[name], SemanticVariable):
                 _check_same_session(given[name], core, name)
             parts[name] = parts_of(given[name], self._input_styles[name], f"{self.name}(): input {name!r}")
-        template, bindings = bind_inputs(self.template, self._parsed, parts, core.key, f"{self.name}.template")
+        template: str | None = None
+        messages: list[ChatMessage] | None = None
+        if isinstance(self._parsed, ParsedChat):
+            assert self.messages is not None
+            where = f"{self.name}.messages"
+            messages, bindings = bind_chat_inputs(self._parsed, self.messages, parts, core.key, where)
+        else:
+            assert self.template is not None
+            template, bindings = bind_inputs(self.template, self._parsed, parts, core.key, f"{self.name}.template")
         sampling = self.sampling
         if seed_offset:
             sampling = {
@@ -242,6 +266,7 @@ class SemanticFunction:
             out_vars.append(var)
         spec = CallSpec(
             template=template,
+            messages=messages,
             bindings=bindings,
             sampling=sampling,
             default_sampling=self.default_sampling,
@@ -262,25 +287,35 @@ def semantic_function(fn: Callable[..., Any], /) -> SemanticFunction: ...
 
 @overload
 def semantic_function(
-    *, template: str | None = None, sampling: SamplingLike | None = None, model: str | None = None
+    *,
+    template: str | Sequence[ChatMessage | tuple[str, str]] | None = None,
+    chat: bool = False,
+    sampling: SamplingLike | None = None,
+    model: str | None = None,
 ) -> Callable[[Callable[..., Any]], SemanticFunction]: ...
 
 
 def semantic_function(
     fn: Callable[..., Any] | None = None,
     *,
-    template: str | None = None,
+    template: str | Sequence[ChatMessage | tuple[str, str]] | None = None,
+    chat: bool = False,
     sampling: SamplingLike | None = None,
     model: str | None = None,
 ) -> SemanticFunction | Callable[[Callable[..., Any]], SemanticFunction]:
-    """Declare a semantic function from a Python signature; the template is `template` or the
-    docstring (dedented). `sampling`: the defaults of every output (a SamplingParams or a mapping
-    of its fields). The body is never run."""
+    """Declare a semantic function from a Python signature; the template is `template` (text or chat
+    messages) or the docstring (dedented). `chat=True`: the docstring is chat messages, each begun
+    by a `system:`, `user:` or `assistant:` line (chat.py), rendered by the manager with the
+    model's own chat template. `sampling`: the defaults of every output (a SamplingParams or a
+    mapping of its fields). The body is never run."""
 
     def wrap(f: Callable[..., Any]) -> SemanticFunction:
+        text: str | Sequence[ChatMessage | tuple[str, str]]
         text = template if template is not None else inspect.cleandoc(f.__doc__ or "")
         if not text:
             raise ParrotError(f"{f.__name__}: no template (give a docstring or template=...)", field=f.__name__)
+        if chat and isinstance(text, str):
+            text = docstring_messages(text, f"{f.__name__}.__doc__")
         try:
             sig = inspect.signature(f, eval_str=True)
         except (NameError, TypeError):

@@ -17,12 +17,14 @@ from typing import Any
 
 from parrot.frontend.markers import VarRef, split_markers
 from parrot.frontend.variable import SemanticVariable
+from parrot.protocol.chat import ParsedChat, parse_chat
 from parrot.protocol.errors import ParrotError
-from parrot.protocol.public_api import Binding
+from parrot.protocol.public_api import Binding, ChatMessage
 from parrot.protocol.template import (
     ParsedTemplate,
     Placeholder,
     PlaceholderKind,
+    TemplatePiece,
     TextPiece,
     escape_text,
     parse_template,
@@ -82,6 +84,42 @@ def bind_inputs(
     """The call's template and input bindings: the template as it is unless an input mixes text
     and variables (module docstring). Raises ParrotError naming an input that holds a variable of
     another session, or an expansion past the template limits."""
+    bindings, subs, taken = _bindings(parsed.input_names, parsed.output_names, parts, session_key)
+    if not subs:
+        return template, bindings
+    text = _serialize(_expanded(parsed.pieces, subs), bindings, taken)
+    parse_template(text, field=where)  # e.g. more placeholders than a template may have
+    return text, bindings
+
+
+def bind_chat_inputs(
+    chat: ParsedChat,
+    messages: Sequence[ChatMessage],
+    parts: Mapping[str, list[Part]],
+    session_key: str,
+    where: str,
+) -> tuple[list[ChatMessage], dict[str, Binding]]:
+    """`bind_inputs` for a chat-form call: its messages (each expanded as a template would be) and
+    input bindings."""
+    bindings, subs, taken = _bindings(chat.input_names, chat.output_names, parts, session_key)
+    if not subs:
+        return list(messages), bindings
+    expanded = [
+        ChatMessage(role=m.role, content=_serialize(_expanded(pieces, subs), bindings, taken))
+        for m, (_, pieces) in zip(messages, chat.messages, strict=True)
+    ]
+    parse_chat([(m.role, m.content) for m in expanded], field=where)  # e.g. more placeholders than allowed
+    return expanded, bindings
+
+
+Subs = dict[str, list[str | Placeholder]]
+
+
+def _bindings(
+    input_names: Sequence[str], output_names: Sequence[str], parts: Mapping[str, list[Part]], session_key: str
+) -> tuple[dict[str, Binding], Subs, set[str]]:
+    """The bindings of the inputs, and for each input that mixes text and variables, what its
+    placeholder expands to (text and a placeholder per variable, each bound); the names taken."""
     bindings: dict[str, Binding] = {}
     expanded: dict[str, list[Part]] = {}
     for name, ps in parts.items():
@@ -95,11 +133,8 @@ def bind_inputs(
             bindings[name] = Binding(var_id=ps[0].var_id)
         else:
             expanded[name] = ps
-    if not expanded:
-        return template, bindings
-    taken = set(parsed.input_names) | set(parsed.output_names)
-    segments: list[str | Placeholder] = []  # text (unescaped) and placeholders, in prompt order
-    subs: dict[str, list[str | Placeholder]] = {}
+    taken = set(input_names) | set(output_names)
+    subs: Subs = {}
     for name, ps in expanded.items():
         subs[name] = []
         for k, p in enumerate(ps):
@@ -112,16 +147,20 @@ def bind_inputs(
             taken.add(sub)
             bindings[sub] = Binding(var_id=p.var_id)
             subs[name].append(Placeholder(sub, PlaceholderKind.INPUT))
-    for piece in parsed.pieces:
+    return bindings, subs, taken
+
+
+def _expanded(pieces: Sequence[TemplatePiece], subs: Subs) -> list[str | Placeholder]:
+    """Text (unescaped) and placeholders in prompt order, each expanded input's placeholder replaced."""
+    segments: list[str | Placeholder] = []
+    for piece in pieces:
         if isinstance(piece, TextPiece):
             segments.append(piece.text)
         elif piece.name in subs:
             segments += subs[piece.name]
         else:
             segments.append(piece)
-    text = _serialize(segments, bindings, taken)
-    parse_template(text, field=where)  # e.g. more placeholders than a template may have
-    return text, bindings
+    return segments
 
 
 def _serialize(segments: list[str | Placeholder], bindings: dict[str, Binding], taken: set[str]) -> str:

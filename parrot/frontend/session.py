@@ -9,8 +9,10 @@
 
 `Session` runs the SDK's event loop in a background thread, so plain synchronous code can submit
 thousands of calls without blocking on the network; `AsyncSession` uses the caller's loop.
-`max_retries` and `backoff_s` set the transport's retries of transient faults (transport.py). Leaving
-the block sends what is queued and deletes the session on the server (freeing its contexts).
+`api_key` is the tenant's key; without one no `Authorization` header is sent (a manager with no
+keys configured, development mode, takes that). `max_retries` and `backoff_s` set the transport's
+retries of transient faults (transport.py). Leaving the block sends what is queued and deletes the
+session on the server (freeing its contexts).
 
 Entering the block sends nothing: the session is created on the server with its first batch of
 calls (core.py), so a wrong API key or an unreachable manager is raised by the first read of a
@@ -67,7 +69,7 @@ class Session(_SessionBase):
     def __init__(
         self,
         base_url: str,
-        api_key: str = "parrot",
+        api_key: str | None = None,
         *,
         idle_timeout_s: float | None = None,
         batch_size: int = 512,
@@ -143,7 +145,7 @@ class AsyncSession(_SessionBase):
     def __init__(
         self,
         base_url: str,
-        api_key: str = "parrot",
+        api_key: str | None = None,
         *,
         idle_timeout_s: float | None = None,
         batch_size: int = 512,

@@ -236,23 +236,23 @@ class ApiTransport:
             await _Connections.release(connector)
 
     async def create_session(
-        self, api_key: str, idle_timeout_s: float | None, submit: SubmitRequest | None = None
+        self, api_key: str | None, idle_timeout_s: float | None, submit: SubmitRequest | None = None
     ) -> SessionCreated:
         """A new session; with `submit`, its first batch goes in the same request."""
         req = CreateSessionRequest(idle_timeout_s=idle_timeout_s, submit=submit)
         body = req.model_dump(mode="json", exclude_defaults=True)
         self.num_submits += submit is not None
-        resp = await self._request("POST", "/v1/sessions", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        resp = await self._request("POST", "/v1/sessions", json=body, headers=_key_header(api_key))
         created = SessionCreated.model_validate(_checked(resp))
         self.session_id = created.session_id
         self._headers = {"Authorization": f"Bearer {created.token}"}
         return created
 
-    async def run(self, api_key: str, req: RunRequest) -> RunResult:
+    async def run(self, api_key: str | None, req: RunRequest) -> RunResult:
         """A batch run to its end in a session of its own (`POST /v1/run`): one request."""
         body = req.model_dump(mode="json", exclude_defaults=True)
         self.num_submits += 1
-        resp = await self._request("POST", "/v1/run", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        resp = await self._request("POST", "/v1/run", json=body, headers=_key_header(api_key))
         return RunResult.model_validate(_checked(resp))
 
     async def delete_session(self) -> None:
@@ -346,3 +346,9 @@ def _checked(answer: _Answer) -> Any:
             body = {"detail": answer.body.decode(errors="replace") or f"HTTP {answer.status}"}
         raise ParrotError.from_dict(body, answer.status)
     return answer.json() if answer.body else None
+
+
+def _key_header(api_key: str | None) -> dict[str, str]:
+    """The tenant's key as a bearer credential; none without a key (a manager with no keys
+    configured takes requests without one)."""
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}

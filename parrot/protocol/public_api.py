@@ -27,6 +27,7 @@ MAX_NAME_CHARS = 128
 MAX_BATCH_CALLS = 4096
 MAX_BATCH_VARIABLES = 8192
 MAX_BINDINGS = 256
+MAX_MESSAGES = 256
 MAX_GET_TIMEOUT_S = 600.0
 
 
@@ -254,20 +255,50 @@ class Binding(_Req):
         return self
 
 
+class ChatMessage(_Req):
+    """One message of a chat-form call. `content` is template text: placeholders as in a template."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_TEMPLATE_CHARS)
+
+
 class CallSpec(_Req):
     """One semantic call: a template, its placeholder bindings and per-output sampling settings.
+
+    The prompt is `template`, or `messages` (a chat-form call): the manager renders the messages
+    with the model's own chat template, placeholders left unrendered (chat.py says how; the
+    outputs are in assistant messages, the last output in the last message).
 
     Inputs must be bound. An output bound to `var_id` writes that (existing, unset, unproduced)
     variable; an unbound output gets a new variable. `sampling` is keyed by output name; outputs
     without an entry use `default_sampling`.
     """
 
-    template: str = Field(min_length=1, max_length=MAX_TEMPLATE_CHARS)
+    template: str | None = Field(default=None, min_length=1, max_length=MAX_TEMPLATE_CHARS)
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        description="instead of `template`: chat messages, rendered by the manager with the model's chat template",
+    )
     bindings: dict[str, Binding] = Field(default_factory=dict, max_length=MAX_BINDINGS)
     sampling: dict[str, SamplingParams] = Field(default_factory=dict, max_length=MAX_BINDINGS)
     default_sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = Field(default=None, max_length=256, description="an engine's model; default: the first")
     name: str | None = Field(default=None, max_length=MAX_NAME_CHARS, description="for status and logs")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CallSpec:
+        if (self.template is None) == (self.messages is None):
+            raise ValueError("give exactly one of template or messages")
+        return self
+
+    @property
+    def num_chars(self) -> int:
+        """The text of its prompt: the template, or every message's content."""
+        if self.template is not None:
+            return len(self.template)
+        return sum(len(m.content) for m in self.messages or ())
 
 
 class CallInfo(_Msg):

@@ -48,9 +48,10 @@ def _malformed(template: str, pos: int, field: str) -> ParrotError:
     )
 
 
-def _scan(template: str, field: str) -> tuple[list[tuple[str, str | None, str]], str]:
+def scan(template: str, field: str) -> tuple[list[tuple[str, str | None, str]], str]:
     """(text before, kind or None, name) per placeholder, and the text after the last one; escapes
-    resolved in the text. Raises ParrotError at the first `{{` that starts no placeholder."""
+    resolved in the text. Raises ParrotError at the first `{{` that starts no placeholder. The
+    kinds are not checked here (`parse_template`, chat.parse_chat do)."""
     raw: list[tuple[str, str | None, str]] = []
     text: list[str] = []
     pos = 0
@@ -129,7 +130,7 @@ def _parse_cached(template: str) -> ParsedTemplate:
 
 
 def _parse(template: str, field: str) -> ParsedTemplate:
-    raw, tail = _scan(template, field)
+    raw, tail = scan(template, field)
     for _, kind, name in raw:
         if kind is not None and kind not in ("input", "output"):
             raise ParrotError(

@@ -35,10 +35,12 @@ from parrot.protocol.public_api import (
     VariableState,
     VariableValue,
 )
-from parrot.protocol.template import ParsedTemplate, parse_template
+from parrot.protocol.template import ParsedTemplate
 from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.config import ManagerConfig
-from parrot.serve.runtime.batches import batch_chars, check_awaited, stage_batch, submitted, tokenize_batch
+from parrot.serve.runtime.batches import batch_chars, check_awaited, parse_calls, stage_batch, submitted, tokenize_batch
+from parrot.serve.runtime.call_log import log_finished
+from parrot.serve.runtime.call_run import CallRun
 from parrot.serve.runtime.contexts import PrefixContexts
 from parrot.serve.runtime.engines import EngineHandle, EnginePool
 from parrot.serve.runtime.executor import GraphExecutor
@@ -82,9 +84,13 @@ class Manager:
         self.health = HealthMonitor(self.pool, self.config, self._engine_died, self._engine_stats, lease)
         self.executor = GraphExecutor(self.pool, self.config, self.prefixes, self.health.suspect)
         self.metrics = ServeMetrics(self.sessions, self.pool, self.prefix_cache)  # GET /metrics
-        self.executor.on_finish = self.metrics.call_finished
+        self.executor.on_finish = self._call_finished
         self._expiry_task: asyncio.Task[None] | None = None
         self.draining = False  # shutting down: no new sessions or calls (503)
+
+    def _call_finished(self, session: Session, run: CallRun) -> None:
+        self.metrics.call_finished(run)
+        log_finished(session.session_id, run)
 
     async def start(self) -> None:
         await self.pool.start()
@@ -224,17 +230,10 @@ class Manager:
         """Create the batch's variables, then its calls; all or nothing."""
         self._admit()
         check_awaited(req, session.graph.variables)
-        staged = self._submit(session, req.variables, self._parse(req, call_field_prefix), call_field_prefix)
+        parsed = parse_calls(req.calls, self.pool, call_field_prefix)
+        staged = self._submit(session, req.variables, parsed, call_field_prefix)
         self.note_awaited(session, req.awaited)
         return submitted(staged)
-
-    def _parse(self, req: SubmitRequest, call_field_prefix: str) -> list[tuple[CallSpec, ParsedTemplate, str]]:
-        parsed = []
-        for j, spec in enumerate(req.calls):
-            at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""
-            template = parse_template(spec.template, field=f"{at}template")
-            parsed.append((spec, template, self.pool.resolve_model(spec.model, field=f"{at}model")))
-        return parsed
 
     def submit_call(self, session: Session, spec: CallSpec) -> CallInfo:
         return self.submit(session, SubmitRequest(calls=[spec]), call_field_prefix="").calls[0]
@@ -282,7 +281,7 @@ class Manager:
             return self.submit(session, req, call_field_prefix)
         self._admit()
         check_awaited(req, session.graph.variables)
-        parsed = self._parse(req, call_field_prefix)
+        parsed = parse_calls(req.calls, self.pool, call_field_prefix)
         self._check_admissible(session, len(parsed))
         session.submitting = True
         try:

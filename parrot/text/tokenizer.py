@@ -34,6 +34,10 @@ _PREFIXES_KEPT = 256
 _RECENT_CHARS_KEPT = 1 << 20
 
 
+class ChatTemplateError(ValueError):
+    """The model's chat template refused the messages (its own `raise_exception`, or a render error)."""
+
+
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
@@ -166,7 +170,8 @@ class Tokenizer:
     ) -> str:
         """Render chat messages with the model's own template (as transformers would). `tools`
         (OpenAI's function specs): given to a template that knows tools; otherwise described in
-        the system message, with tool calls and results as text (tools.plain_messages)."""
+        the system message, with tool calls and results as text (tools.plain_messages).
+        ChatTemplateError when the template refuses the messages."""
         uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
         if uses_tools and not self.template_knows_tools:
             messages, tools = plain_messages(messages, tools), None
@@ -174,13 +179,16 @@ class Tokenizer:
             # A model without a template: a plain transcript is the honest fallback.
             lines = [f"{m['role']}: {m['content']}" for m in messages]
             return "\n".join(lines) + ("\nassistant:" if add_generation_prompt else "")
-        return self._chat_template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-            **({"tools": tools} if tools else {}),
-        )
+        try:
+            return self._chat_template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **({"tools": tools} if tools else {}),
+            )
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(str(e)) from None
 
 
 def _token_text(tok: Any) -> str | None:

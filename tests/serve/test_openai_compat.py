@@ -95,8 +95,6 @@ def test_unsupported_options_are_refused_by_name(server: LiveServer, client: ope
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny", prompt="word " * 5000, max_tokens=4)
     assert "exceed the model's context of 4096 tokens" in info.value.body["message"]  # type: ignore[index]
-    no_key = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
-    assert no_key.status_code == 401 and no_key.json()["error"]["param"] == "authorization"
     assert server.manager.sessions.sessions == {}  # one-call sessions are gone
     assert server.wait_blocks_free(blocks_free).num_blocks_free == blocks_free
 

@@ -27,7 +27,7 @@ from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
-from parrot.serve.config import EnginesConfig, SharingConfig
+from parrot.serve.config import AuthConfig, EnginesConfig, SharingConfig
 from parrot.serve.manager import Manager
 from parrot.text import Tokenizer
 
@@ -221,9 +221,14 @@ def test_bad_requests_get_the_builtin_engines_errors(
         with pytest.raises(ParrotError) as info:
             client.context_info("w")
         assert [info.value.status, info.value.field] == [404, "context_id"]
-        # ... a refused key, and a model the upstream does not serve (checked at the first stats).
-        keyless = OpenAIEngineClient(upstream_url, tokenizer_folder=tiny_model_folder)
-        assert (await status_field(keyless.stats()))[0] == 401
+        # ... a missing key where the upstream needs one, and a model it does not serve (checked
+        # at the first stats).
+        with upstream(
+            upstream_engine,
+            ManagerConfig(auth=AuthConfig(api_keys=("k",)), sharing=SharingConfig(prefix_sharing=False)),
+        ) as keyed_url:
+            keyless = OpenAIEngineClient(keyed_url, tokenizer_folder=tiny_model_folder)
+            assert (await status_field(keyless.stats()))[0] == 401
         wrong = adapter(upstream_url, tiny_model_folder, model="gpt-5")
         assert await status_field(wrong.stats()) == [404, "model"]
         for c in (client, keyless, wrong):
@@ -269,17 +274,22 @@ def test_an_upstream_that_goes_away_is_unavailable_and_the_manager_keeps_serving
         doomed_server.__exit__(None, None, None)
 
 
-def test_register_an_openai_upstream_while_serving(server: LiveServer, upstream_url: str) -> None:
+def test_register_an_openai_upstream_while_serving(
+    server: LiveServer, upstream_url: str, upstream_engine: AsyncEngine
+) -> None:
     folder = str(server.engine.model_folder)
     key = {"Authorization": "Bearer k"}
     good = {"url": upstream_url, "kind": "openai", "model": "tiny", "tokenizer": folder, "api_key": "k"}
-    with httpx.Client(base_url=server.url, timeout=60, headers=key) as http:
+    keyed = upstream(
+        upstream_engine, ManagerConfig(auth=AuthConfig(api_keys=("k",)), sharing=SharingConfig(prefix_sharing=False))
+    )
+    with httpx.Client(base_url=server.url, timeout=60, headers=key) as http, keyed as keyed_url:
         faults = [
             ({"url": upstream_url, "model": "tiny"}, 400, "model"),  # kind "parrot" says its own
             (good | {"kind": "vllm"}, 400, "kind"),
             (good | {"tokenizer": "/nonexistent"}, 400, "tokenizer"),
             ({k: v for k, v in good.items() if k != "tokenizer"}, 400, "tokenizer"),  # Parrot's card has no root
-            (good | {"api_key": None}, 400, "api_key"),  # the upstream wants one
+            (good | {"url": keyed_url, "api_key": None}, 400, "api_key"),  # the upstream wants one
             (good | {"model": "gpt-5"}, 404, "model"),
             (good | {"url": f"http://127.0.0.1:{free_port()}"}, 400, "url"),
         ]

@@ -1,4 +1,5 @@
-"""A submitted batch before it joins a session: staged (checked against the graph and the limits,
+"""A submitted batch before it joins a session: parsed (templates; a chat-form call's messages
+rendered with the model's chat template), staged (checked against the graph and the limits,
 nothing changed), then tokenized (each call's known prompt, cached on the call; lengths checked),
 then committed by the manager. Tokenizing touches only the staged calls, so the manager may run it
 on a worker thread for a batch with much text."""
@@ -10,10 +11,11 @@ from collections.abc import Mapping, Sequence
 
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import CallInfo, CallSpec, SubmitRequest, SubmitResponse, VariableSpec
-from parrot.protocol.template import ParsedTemplate
+from parrot.protocol.template import ParsedTemplate, parse_template
 from parrot.serve.config import ManagerConfig
 from parrot.serve.policy.prefix import chat_message_boundaries
 from parrot.serve.runtime.analysis import num_ready_pieces
+from parrot.serve.runtime.chat import chat_template
 from parrot.serve.runtime.contexts import prompt_points
 from parrot.serve.runtime.engines import EnginePool
 from parrot.serve.runtime.graph import StagedBatch
@@ -27,6 +29,24 @@ def submitted(staged: StagedBatch) -> SubmitResponse:
         variables=[v.info() for v in staged.variables],
         calls=[CallInfo(call_id=c.call_id, outputs=dict(c.outputs)) for c in staged.calls],
     )
+
+
+def parse_calls(
+    specs: Sequence[CallSpec], pool: EnginePool, call_field_prefix: str
+) -> list[tuple[CallSpec, ParsedTemplate, str]]:
+    """Each call with its parsed template and resolved model; a chat-form call's messages rendered
+    with its model's own chat template (chat.py). ParrotError(400) naming the call's field."""
+    parsed = []
+    for j, spec in enumerate(specs):
+        at = f"{call_field_prefix}[{j}]." if call_field_prefix else ""
+        model = pool.resolve_model(spec.model, field=f"{at}model")
+        if spec.template is not None:
+            template = parse_template(spec.template, field=f"{at}template")
+        else:
+            assert spec.messages is not None
+            template = chat_template(pool.for_model(model).tokenizer, spec.messages, f"{at}messages")
+        parsed.append((spec, template, model))
+    return parsed
 
 
 def check_awaited(req: SubmitRequest, known: Mapping[str, Variable]) -> None:
@@ -44,7 +64,7 @@ def check_awaited(req: SubmitRequest, known: Mapping[str, Variable]) -> None:
 def batch_chars(var_specs: Sequence[VariableSpec], call_specs: Sequence[CallSpec]) -> int:
     """The text a batch carries: its templates and values, in characters."""
     values = sum(len(v.value or "") for v in var_specs)
-    return values + sum(len(c.template) + sum(len(b.value or "") for b in c.bindings.values()) for c in call_specs)
+    return values + sum(c.num_chars + sum(len(b.value or "") for b in c.bindings.values()) for c in call_specs)
 
 
 def stage_batch(

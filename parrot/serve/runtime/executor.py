@@ -66,7 +66,8 @@ class GraphExecutor:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.num_steps = 0
-        self.on_finish: Callable[[CallRun], None] = lambda run: None  # metrics (ServeMetrics)
+        # Metrics and the request log (the manager's): a call just became done or failed.
+        self.on_finish: Callable[[Session, CallRun], None] = lambda session, run: None
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._loop(), name="parrot-graph-executor")
@@ -384,7 +385,7 @@ class GraphExecutor:
     def _finish(self, session: Session, run: CallRun, error: ParrotError | None) -> None:
         run.state = CallState.DONE if error is None else CallState.FAILED
         run.finished_at = self.pool.clock.now()
-        self.on_finish(run)
+        self.on_finish(session, run)
         if error is not None:
             failed = []
             for var_id in run.call.outputs.values():

@@ -96,7 +96,7 @@ class ServeMetrics:
         r.register(_StateCollector(sessions, pool, prefix_cache))
 
     def call_finished(self, run: CallRun) -> None:
-        """The executor's `on_finish` hook: `run` just became done or failed."""
+        """Observed from the executor's `on_finish` (the manager's): `run` just became done or failed."""
         objective = run.objective.value
         self.finished.labels(run.state.value, objective).inc()
         computed = run.num_prompt_tokens - run.num_cached_tokens

@@ -25,6 +25,8 @@ from parrot.serve.runtime.rate import RateLimiter
 from parrot.serve.runtime.variable import Variable
 
 _NUM_TOMBSTONES = 10_000
+# With no keys configured (development), requests without an `Authorization` header are this tenant's.
+ANONYMOUS_TENANT = "tenant-anonymous"
 
 
 def _key_in(key: str, keys: tuple[str, ...]) -> bool:
@@ -126,10 +128,16 @@ class SessionRegistry:
         )
 
     def tenant_of(self, api_key: str | None) -> str:
-        """The tenant an API key names; ParrotError(401) if it is missing or not accepted."""
-        if not api_key:
-            raise ParrotError("missing API key: send `Authorization: Bearer <key>`", status=401, field="authorization")
+        """The tenant an API key names; ParrotError(401) if it is missing or not accepted. With no
+        keys configured (development) no key is needed: a request without one is ANONYMOUS_TENANT's."""
         config = self.config
+        if not api_key:
+            if not config.auth.open_access:
+                raise ParrotError(
+                    "missing API key: send `Authorization: Bearer <key>`", status=401, field="authorization"
+                )
+            self.rates.charge(ANONYMOUS_TENANT)
+            return ANONYMOUS_TENANT
         if not config.auth.open_access and not _key_in(api_key, (*config.auth.api_keys, *config.auth.operator_keys)):
             raise ParrotError("invalid API key", status=401, field="authorization")
         tenant = "tenant-" + _hash(api_key)[:16]
@@ -150,13 +158,14 @@ class SessionRegistry:
         """The tenant's open sessions."""
         return self._by_tenant.get(tenant, set())
 
-    def is_operator(self, api_key: str) -> bool:
-        return self.config.auth.open_access or _key_in(api_key, self.config.auth.operator_keys)
+    def is_operator(self, api_key: str | None) -> bool:
+        return self.config.auth.open_access or (
+            api_key is not None and _key_in(api_key, self.config.auth.operator_keys)
+        )
 
     def require_operator(self, api_key: str | None) -> None:
-        """401 without an accepted key, 403 unless it is an operator's (any key with open access)."""
+        """401 without an accepted key, 403 unless it is an operator's (anyone with open access)."""
         self.tenant_of(api_key)
-        assert api_key is not None
         if not self.is_operator(api_key):
             raise ParrotError(
                 "this needs an operator key (ManagerConfig.auth.operator_keys)", status=403, field="authorization"
@@ -197,7 +206,6 @@ class SessionRegistry:
     def visible_to(self, api_key: str | None) -> list[Session]:
         """The sessions a key may see: an operator's, every session; a tenant's, its own."""
         tenant = self.tenant_of(api_key)
-        assert api_key is not None
         if self.is_operator(api_key):
             return list(self.sessions.values())
         return list(self.of_tenant(tenant))
@@ -234,11 +242,10 @@ class SessionRegistry:
 
     def authenticate(self, token: str | None, session_id: str) -> Session:
         """The session `session_id` if `token` is its token: 401 no/invalid token, 403 another
-        session's token, 404 unknown session, 410 a deleted or expired session."""
+        session's token, 404 unknown session, 410 a deleted or expired session. With no keys
+        configured, a session opened without a key is reached without a token too (by its id)."""
         if not token:
-            raise ParrotError(
-                "missing session token: send `Authorization: Bearer <token>`", status=401, field="authorization"
-            )
+            return self._tokenless(session_id)
         token_hash = _hash(token)
         session = self._by_token_hash.get(token_hash)
         if session is None:
@@ -257,6 +264,18 @@ class SessionRegistry:
         if session.session_id != session_id:
             if session_id in self.sessions:
                 raise ParrotError("this token belongs to another session", status=403, field="session_id")
+            raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
+        self.rates.charge(session.tenant)
+        session.touch()
+        return session
+
+    def _tokenless(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if not self.config.auth.open_access or (session is not None and session.tenant != ANONYMOUS_TENANT):
+            raise ParrotError(
+                "missing session token: send `Authorization: Bearer <token>`", status=401, field="authorization"
+            )
+        if session is None:
             raise ParrotError(f"unknown session {session_id!r}", status=404, field="session_id")
         self.rates.charge(session.tenant)
         session.touch()

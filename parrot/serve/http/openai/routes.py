@@ -60,7 +60,7 @@ from parrot.serve.http.openai.params import (
 )
 from parrot.serve.http.openai.report import TokenReport
 from parrot.serve.manager import Manager
-from parrot.text import Tokenizer
+from parrot.text import ChatTemplateError, Tokenizer
 from parrot.text.tools import parse_tool_calls, read_call, streamable_len
 from parrot.web.edge import BearerToken, error_body
 
@@ -200,7 +200,10 @@ async def chat_completions(
         raise ParrotError(msg, status=413, field="messages")
     described = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     # Rendering and tokenizing a long conversation takes seconds: off the event loop.
-    prompt, prompt_ids, prefix_ids = await asyncio.to_thread(_render_chat, tokenizer, messages, described)
+    try:
+        prompt, prompt_ids, prefix_ids = await asyncio.to_thread(_render_chat, tokenizer, messages, described)
+    except ChatTemplateError as e:
+        raise ParrotError(f"the model's chat template refused the messages: {e}", field="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
     if max_tokens is None:  # whatever room the context leaves
         max_tokens = max(1, min(32768, engine.max_model_len - len(prompt_ids)))
