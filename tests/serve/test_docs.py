@@ -19,7 +19,7 @@ def python_blocks(text: str) -> list[str]:
 def test_the_user_guide_examples_run(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARROT_URL", server.url)
     blocks = python_blocks(GUIDE.read_text())
-    assert len(blocks) == 17
+    assert len(blocks) == 18
     namespace: dict[str, object] = {"__name__": "user_guide"}
     for i, block in enumerate(blocks):
         exec(compile(block, f"{GUIDE.name}[block {i}]", "exec"), namespace)
