@@ -44,6 +44,7 @@ class SimJob:
     fork_from: SimContext | None = None  # a fork waiting for its parent's earlier jobs
     done: asyncio.Future[int] | None = None  # a fill's: resolved with its computed tokens
     events: asyncio.Queue[TokenEvent] | None = None  # a generation's stream
+    reports_fill: bool = False  # a generation whose extend had tokens: its first event says what they did
 
     @property
     def decoding(self) -> bool:
