@@ -19,7 +19,7 @@ import torch
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 RULES = [
     "Answer in plain sentences and define any technical word the first time you use it.",
@@ -97,9 +97,9 @@ def run_alone(
 ) -> list[Output]:
     outs = []
     for i, suffix in enumerate(suffixes):
-        sync_client.fill(engine, FillRequest(context_id="alone", token_ids=prefix + suffix))
-        outs.append(outputs(sync_client.generate(engine, GenerateRequest(context_id="alone", sampling=sp[i]))))
-        engine.free_context(FreeContextRequest(context_id="alone"))
+        sync_client.extend_only(engine, ExtendRequest(context_id="alone", token_ids=prefix + suffix))
+        outs.append(outputs(sync_client.extend(engine, ExtendRequest(context_id="alone", append=True, sampling=sp[i]))))
+        engine.free(FreeContextRequest(context_id="alone"))
     return outs
 
 
@@ -107,20 +107,20 @@ def run_together(
     engine: LLMEngine, prefix: list[int], suffixes: list[list[int]], sp: list[SamplingParams], fork: bool
 ) -> list[Output]:
     if fork:
-        sync_client.fill(engine, FillRequest(context_id="system", token_ids=prefix))
+        sync_client.extend_only(engine, ExtendRequest(context_id="system", token_ids=prefix))
     handles = []
     for i, suffix in enumerate(suffixes):
         cid = f"c{i}"
-        fill = FillRequest(context_id=cid, token_ids=suffix, parent_context_id="system")
+        fill = ExtendRequest(context_id=cid, token_ids=suffix, parent_context_id="system")
         if not fork:
-            fill = FillRequest(context_id=cid, token_ids=prefix + suffix)
-        sync_client.submit_fill(engine, fill)
-        handles.append(sync_client.submit_generate(engine, GenerateRequest(context_id=cid, sampling=sp[i])))
-    outs = [outputs(sync_client.wait_generate(h)) for h in handles]
+            fill = ExtendRequest(context_id=cid, token_ids=prefix + suffix)
+        sync_client.submit(engine, fill)
+        handles.append(sync_client.submit(engine, ExtendRequest(context_id=cid, append=True, sampling=sp[i])))
+    outs = [outputs(sync_client.wait(h)) for h in handles]
     for i in range(len(suffixes)):
-        engine.free_context(FreeContextRequest(context_id=f"c{i}"))
+        engine.free(FreeContextRequest(context_id=f"c{i}"))
     if fork:
-        engine.free_context(FreeContextRequest(context_id="system"))
+        engine.free(FreeContextRequest(context_id="system"))
     return outs
 
 

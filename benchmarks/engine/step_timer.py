@@ -11,7 +11,7 @@ import time
 
 from parrot.engine import sync_client
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 
 class StepTimer:
@@ -28,11 +28,11 @@ class StepTimer:
         eng = self.engine
         cids = [f"d{next(self.ids)}" for _ in range(batch)]
         for c in cids:
-            sync_client.fill(eng, FillRequest(context_id=c, token_ids=self.prompt(prompt_len)))
+            sync_client.extend_only(eng, ExtendRequest(context_id=c, token_ids=self.prompt(prompt_len)))
         eng.stop()
         sampling = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
         for c in cids:
-            eng.submit_generate(GenerateRequest(context_id=c, sampling=sampling), lambda e: None)
+            eng.submit_extend(ExtendRequest(context_id=c, append=True, sampling=sampling), lambda e: None)
         try:
             assert eng.step() and eng.step()  # warm: packs weights, sizes buffers
             t0 = time.perf_counter()
@@ -44,7 +44,7 @@ class StepTimer:
         finally:
             eng.start()
         for c in cids:
-            eng.free_context(FreeContextRequest(context_id=c))
+            eng.free(FreeContextRequest(context_id=c))
         return elapsed * 1000
 
     def prefill_ms(self, n: int, count: int = 1) -> float:
@@ -54,12 +54,12 @@ class StepTimer:
         t0 = time.perf_counter()
         waits = []
         for cid, prompt in zip(cids, prompts, strict=True):
-            sync_client.submit_fill(self.engine, FillRequest(context_id=cid, token_ids=prompt))
-            req = GenerateRequest(context_id=cid, sampling=SamplingParams(max_tokens=1))
-            waits.append(sync_client.submit_generate(self.engine, req))
+            sync_client.submit(self.engine, ExtendRequest(context_id=cid, token_ids=prompt))
+            req = ExtendRequest(context_id=cid, append=True, sampling=SamplingParams(max_tokens=1))
+            waits.append(sync_client.submit(self.engine, req))
         for w in waits:
-            sync_client.wait_generate(w)
+            sync_client.wait(w)
         elapsed = time.perf_counter() - t0
         for cid in cids:
-            self.engine.free_context(FreeContextRequest(context_id=cid))
+            self.engine.free(FreeContextRequest(context_id=cid))
         return elapsed * 1000

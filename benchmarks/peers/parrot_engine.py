@@ -11,7 +11,7 @@ from benchmarks.peers import prefill_rates
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 
 class ParrotEngineProbe:
@@ -36,16 +36,16 @@ class ParrotEngineProbe:
     def measure_prefill(self, lengths: list[int]) -> dict[int, float]:
         """Median over `repeats` distinct prompts of prompt_len / time to the single output token
         (`prefill_rates`, as the peers); the prompt and its generation go as one request
-        (`GenerateRequest.token_ids`), as the manager sends a call's last piece."""
+        (one Extend with tokens and sampling), as the manager sends a call's last piece."""
 
         def seconds(prompt_len: int, _r: int) -> float:
             cid = self._cid()
             one_token = SamplingParams(max_tokens=1)
-            req = GenerateRequest(context_id=cid, token_ids=self._prompt(prompt_len), sampling=one_token)
+            req = ExtendRequest(context_id=cid, token_ids=self._prompt(prompt_len), sampling=one_token)
             t0 = time.perf_counter()
-            sync_client.wait_generate(sync_client.submit_generate(self.engine, req))
+            sync_client.wait(sync_client.submit(self.engine, req))
             elapsed = time.perf_counter() - t0
-            self.engine.free_context(FreeContextRequest(context_id=cid))
+            self.engine.free(FreeContextRequest(context_id=cid))
             return elapsed
 
         return prefill_rates(lengths, self.repeats, seconds)
@@ -56,15 +56,16 @@ class ParrotEngineProbe:
         for b in batch_sizes:
             cids = [self._cid() for _ in range(b)]
             for cid in cids:
-                sync_client.fill(self.engine, FillRequest(context_id=cid, token_ids=self._prompt(prompt_len)))
+                sync_client.extend_only(self.engine, ExtendRequest(context_id=cid, token_ids=self._prompt(prompt_len)))
             sampling = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
             t0 = time.perf_counter()
             handles = [
-                sync_client.submit_generate(self.engine, GenerateRequest(context_id=c, sampling=sampling)) for c in cids
+                sync_client.submit(self.engine, ExtendRequest(context_id=c, append=True, sampling=sampling))
+                for c in cids
             ]
             for h in handles:
-                sync_client.wait_generate(h)
+                sync_client.wait(h)
             out[b] = b * new_tokens / (time.perf_counter() - t0)
             for cid in cids:
-                self.engine.free_context(FreeContextRequest(context_id=cid))
+                self.engine.free(FreeContextRequest(context_id=cid))
         return out

@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.common.machine import machine_info
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # A free-text field first: rows keep generating while the model writes it.
@@ -55,9 +55,7 @@ def run(
             json_schema=schema,
             ignore_eos=schema is None,
         )
-        engine.submit_generate(
-            GenerateRequest(context_id=f"{tag}{i}", token_ids=ids, sampling=sampling), lambda e: None
-        )
+        engine.submit_extend(ExtendRequest(context_id=f"{tag}{i}", token_ids=ids, sampling=sampling), lambda e: None)
     engine.start_trace()
     cpu_ms = []
     while True:
@@ -67,7 +65,7 @@ def run(
         cpu_ms.append((time.process_time() - t0) * 1000)
     trace = engine.stop_trace()
     for i in range(len(prompts)):
-        engine.free_context(FreeContextRequest(context_id=f"{tag}{i}"))
+        engine.free(FreeContextRequest(context_id=f"{tag}{i}"))
     full = [r.num_decode == len(prompts) and r.num_prefill_tokens == 0 for r in trace]
     return [r.elapsed_s * 1000 for r, f in zip(trace, full, strict=True) if f], [
         c for c, f in zip(cpu_ms, full, strict=True) if f

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 
 class Person(BaseModel):
@@ -110,14 +110,14 @@ def main() -> None:
             sampling = SamplingParams(
                 max_tokens=args.max_tokens, temperature=args.temperature, seed=seed, json_schema=schema
             )
-            req = GenerateRequest(context_id=f"{model.__name__}-{seed}", token_ids=prompt, sampling=sampling)
-            jobs.append((model, sync_client.submit_generate(engine, req)))
+            req = ExtendRequest(context_id=f"{model.__name__}-{seed}", token_ids=prompt, sampling=sampling)
+            jobs.append((model, sync_client.submit(engine, req)))
     results: dict[str, list[bool]] = collections.defaultdict(list)
     finishes: collections.Counter[str] = collections.Counter()
     num_tokens = 0
     example: dict[str, str] = {}
     for model, handle in jobs:
-        events = sync_client.wait_generate(handle)
+        events = sync_client.wait(handle)
         text = "".join(e.text for e in events)
         finishes[str(events[-1].finish_reason)] += 1
         num_tokens += len(events)

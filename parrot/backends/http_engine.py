@@ -9,10 +9,8 @@ from typing import Any
 from parrot.backends.http_client import TRANSPORT_ERRORS, LazyClient
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
 )
@@ -32,11 +30,8 @@ class HttpEngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        return FillResult.model_validate(await self._post("/v1/engine/fill", req.model_dump(mode="json")))
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        url = f"{self.base_url}/v1/engine/generate"
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        url = f"{self.base_url}/v1/engine/extend"
         try:
             async with self._http.session().post(url, json=req.model_dump(mode="json")) as resp:
                 if resp.status >= 400:
@@ -47,8 +42,8 @@ class HttpEngineClient:
         except TRANSPORT_ERRORS as e:
             raise self._http.unavailable(e) from e
 
-    async def free_context(self, req: FreeContextRequest) -> None:
-        await self._post("/v1/engine/free_context", req.model_dump(mode="json"))
+    async def free(self, req: FreeContextRequest) -> None:
+        await self._post("/v1/engine/free", req.model_dump(mode="json"))
 
     async def stats(self) -> EngineStats:
         return EngineStats.model_validate(await self._get("/v1/engine/stats"))

@@ -4,11 +4,12 @@
 `/v1/completions`, so the manager schedules onto it like onto a builtin engine: sessions, the DAG,
 objective deduction and app-centric placement run here, token generation runs upstream.
 
-Contexts live in the adapter, not upstream: a context is its token id list. Fill appends to it (a
-fork starts as a copy of its parent's list) and answers at once: nothing is computed until a
-Generate, which sends the whole list as a token-id prompt, streamed, and leaves the sharing of
-common prefixes to the upstream's automatic prefix caching (vLLM's APC; Parrot's own prefix
-sharing of plain requests). The generated tokens are appended to the context, the EOS that ends a
+Contexts live in the adapter, not upstream: a context is its token id list. An Extend appends its
+tokens to it (a fork starts as a copy of its parent's list); without sampling it answers at once:
+nothing is computed until an Extend with sampling sends the whole list as a token-id prompt,
+streamed, and leaves the sharing of common prefixes to the upstream's automatic prefix caching
+(vLLM's APC; Parrot's own prefix sharing of plain requests). Everything is validated before the
+context changes. The generated tokens are appended to the context, the EOS that ends a
 generation excepted, as the builtin engine does, so a later fork sees them; on a stop-string
 finish the stop string's tokens are cut and the text before it re-tokenized (the builtin engine's
 contract: the context holds exactly the output's text; the last event's `output_token_ids`).
@@ -24,7 +25,7 @@ sequence than the upstream's own.
 Events follow the builtin engine's (one per token; `text` what it completes; the last has the
 finish reason, "eos" told from "stop" by the model's EOS ids), except that a finish arriving in a
 chunk of its own (Parrot's own server sends one) comes as a last event without a token. Work on a
-context waits for a generation streaming into it, as the builtin engine queues it. A Generate's
+context waits for a generation streaming into it, as the builtin engine queues it. An Extend's
 objective and priority travel as vLLM's request `priority` (openai_dialect.upstream_priority;
 served in that order under `--scheduling-policy priority`); an upstream that refuses the field
 gets the request again without it, and no priority from then on (`send_priority`). Sampling
@@ -72,10 +73,9 @@ from parrot.backends.openai_stream import UpstreamStreams
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
+    Filled,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
     check_context_ids,
@@ -85,7 +85,7 @@ from parrot.text import Tokenizer, cut_to_text
 
 BLOCK_SIZE = 16  # of the adapter's own token bookkeeping (see the module docstring)
 # Tokens per streamed chunk asked of a vLLM upstream for a generation nobody watches
-# (GenerateRequest.watched): one chunk per token cost vLLM ~8% and the manager most of its CPU per
+# (ExtendRequest.watched): one chunk per token cost vLLM ~8% and the manager most of its CPU per
 # request on GPTs-like traffic (`benchmarks.serving.vllm_paths`); a reader that comes later sees bursts.
 UNWATCHED_STREAM_INTERVAL = 16
 # A token streamed this recently stands for a heartbeat's answer (the manager's default interval).
@@ -213,63 +213,47 @@ class OpenAIEngineClient:
         )
 
     # ---- the engine API ---------------------------------------------------------------------------
-    async def fill(self, req: FillRequest) -> FillResult:
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
         if req.score:
             raise ParrotError("this engine cannot score tokens: its upstream reports no prompt logprobs", field="score")
         info = await self.info()
-        await self._settle(req.context_id, req.parent_context_id)  # no await from here on
+        await self._settle(req.context_id, req.parent_context_id)  # no await until the context changes
         bad = next((t for t in req.token_ids if t < 0), None)
         if bad is not None:  # larger ids are the upstream's to refuse: it knows the model's vocabulary
             raise ParrotError(f"token id {bad} is negative", field="token_ids")
-        check_context_ids(
-            self._contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
-        )
+        check_context_ids(self._contexts, req)
         source = self._contexts.get(req.parent_context_id or req.context_id)
-        base = len(source.token_ids) if source is not None else 0
-        if base + len(req.token_ids) > info["max_model_len"]:
+        num_tokens = (len(source.token_ids) if source is not None else 0) + len(req.token_ids)
+        if num_tokens > info["max_model_len"]:
             raise ParrotError(
-                f"context would hold {base + len(req.token_ids)} tokens; the model's limit is {info['max_model_len']}",
+                f"context would hold {num_tokens} tokens; the model's limit is {info['max_model_len']}",
                 field="token_ids",
             )
-        ctx = self._open(req.context_id, req.parent_context_id)
-        ctx.token_ids.extend(req.token_ids)
-        self._num_held_tokens += len(req.token_ids)
-        return FillResult(
-            context_id=req.context_id, num_tokens=len(ctx.token_ids), num_filled_tokens=len(req.token_ids)
-        )
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        fill = req.fill_part()  # a context is a token list: the fill part is a Fill, then generate
-        if fill is not None:
-            await self.fill(fill)
-            req = req.generate_part()
-        info = await self.info()
-        await self._settle(req.context_id, req.parent_context_id)  # no await until it is marked generating
-        check_context_ids(self._contexts, req.context_id, req.parent_context_id, must_exist=True)
-        is_new = req.parent_context_id is not None
-        ctx = self._open(req.context_id, req.parent_context_id)
-        room = info["max_model_len"] - len(ctx.token_ids)
-        if not ctx.token_ids or room < 1:
-            if is_new:
-                self._drop(req.context_id)
-            what = "is empty" if not ctx.token_ids else f"holds the model's limit of {info['max_model_len']} tokens"
+        filled = Filled(num_tokens=num_tokens, num_filled_tokens=len(req.token_ids))
+        if req.sampling is None:
+            self._append(req)
+            yield TokenEvent(token_id=None, finish_reason="filled", filled=filled)
+            return
+        if num_tokens == 0 or num_tokens >= info["max_model_len"]:
+            what = "is empty" if num_tokens == 0 else f"holds the model's limit of {info['max_model_len']} tokens"
             raise ParrotError(f"context {req.context_id!r} {what}: nothing to generate from", field="context_id")
         sampling = req.sampling
         priority = upstream_priority(req.objective, req.priority) if self._upstream.send_priority else 0
-        max_tokens = min(sampling.max_tokens, room)
         interval = self.stream_interval
         if not req.watched and self.ask_token_ids:  # vLLM's dialect: chunks of several tokens
             interval = max(interval, UNWATCHED_STREAM_INTERVAL)
-        body = completion_body(
+        body = completion_body(  # refuses what the upstream cannot be asked before the context changes
             info["model"],
-            ctx.token_ids,
+            [*(source.token_ids if source is not None else ()), *req.token_ids],
             sampling,
-            max_tokens,
+            min(sampling.max_tokens, info["max_model_len"] - num_tokens),
             self.ask_token_ids,
             priority,
             interval,
             req.logprobs or not self._upstream.ids_without_logprobs,
         )
+        ctx = self._append(req)
+        is_new = req.parent_context_id is not None and not req.token_ids  # a fork to generate in, no more
         rule = StopRule(self._eos_ids, sampling.ignore_eos)
         retokenize = self._tokenizer.encode if self._tokenizer is not None else None
         ctx.generating = True
@@ -283,6 +267,8 @@ class OpenAIEngineClient:
                         ctx.token_ids.append(event.token_id)
                         self._num_held_tokens += 1
                     texts.append(event.text)
+                    if num_events == 0 and req.token_ids:  # the first event says what they did
+                        event = event.model_copy(update={"filled": filled})
                     num_events += 1
                     if event.finish_reason is not None:
                         event = self._settle_output(event, ctx, start, "".join(texts))
@@ -297,6 +283,14 @@ class OpenAIEngineClient:
             if ctx.free_when_idle:
                 self._drop(req.context_id)
 
+    def _append(self, req: ExtendRequest) -> _Context:
+        """The request's context (created, or forked: a copy of its parent's tokens) with its
+        tokens appended; the ids are checked."""
+        ctx = self._open(req.context_id, req.parent_context_id)
+        ctx.token_ids.extend(req.token_ids)
+        self._num_held_tokens += len(req.token_ids)
+        return ctx
+
     def _settle_output(self, last: TokenEvent, ctx: _Context, start: int, text: str) -> TokenEvent:
         """The last event, saying what the context holds: on a stop-string finish the upstream
         streamed the stop string's tokens but not its text, so they are cut and the text before it
@@ -310,7 +304,7 @@ class OpenAIEngineClient:
     async def renew_lease(self, req: LeaseRequest) -> None:
         """Nothing to hold: the contexts live here, in the manager's process, and die with it."""
 
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def free(self, req: FreeContextRequest) -> None:
         """As the builtin engine: a context that is generating is freed when its generation ends."""
         ctx = self._contexts.get(req.context_id)
         if ctx is None or ctx.free_when_idle:

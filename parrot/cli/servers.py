@@ -125,7 +125,7 @@ def cmd_engine(a: argparse.Namespace) -> None:
 def cmd_chat(a: argparse.Namespace) -> None:
     from parrot.engine import sync_client
     from parrot.engine.llm_engine import LLMEngine
-    from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+    from parrot.protocol import ExtendRequest, SamplingParams
 
     t0 = time.perf_counter()
     config = _engine_config(a)
@@ -136,9 +136,8 @@ def cmd_chat(a: argparse.Namespace) -> None:
         tok = engine.tokenizer
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": a.prompt}]))
         t1 = time.perf_counter()
-        sync_client.fill(engine, FillRequest(context_id="chat", token_ids=ids))
-        h = sync_client.submit_generate(
-            engine, GenerateRequest(context_id="chat", sampling=SamplingParams(max_tokens=a.max_tokens))
+        h = sync_client.submit(
+            engine, ExtendRequest(context_id="chat", token_ids=ids, sampling=SamplingParams(max_tokens=a.max_tokens))
         )
         n, t_first = 0, None
         while True:

@@ -2,14 +2,14 @@
 
     engine = AsyncEngine(EngineConfig(model="smollm2-135m"))   # loads the model (blocking)
     engine.start()                                              # starts the compute loop thread
-    result = await engine.fill(FillRequest(...))
-    async for event in engine.generate(GenerateRequest(...)): ...
+    async for event in engine.extend(ExtendRequest(...)): ...
     engine.stop()
 
-Methods raise ParrotError for bad requests before anything changes. `generate` yields TokenEvents;
-the last one has `finish_reason`; an error before the first token raises ParrotError, one after it
-ends the stream with finish_reason "error". Closing the iterator early (or cancelling its task)
-aborts the generation; the tokens produced so far stay in the context.
+Methods raise ParrotError for bad requests before anything changes. `extend` yields TokenEvents
+(one `filled` event for an extend without sampling); the last one has `finish_reason`; an error
+before the first event raises ParrotError, one after it ends the stream with finish_reason
+"error". Closing a generation's iterator early (or cancelling its task) aborts the generation;
+the tokens produced so far stay in the context. A fill, once queued, runs to its end.
 
 Events cross from the engine's loop thread to the callers' event loops once per step: the engine
 hands a step's events over in one call (`LLMEngine.hand_off`) and `_hand_off` schedules one
@@ -31,10 +31,8 @@ from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.sched.job import JobEvent, StepEvents, deliver
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
 )
@@ -83,7 +81,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
         self.engine = engine or LLMEngine(config or EngineConfig())
         self.engine.hand_off = hand_off
-        self.leases = LeaseKeeper(self.engine.context_ids, self.engine.free_context)
+        self.leases = LeaseKeeper(self.engine.context_ids, self.engine.free)
 
     @property
     def model_name(self) -> str:
@@ -103,20 +101,12 @@ class AsyncEngine:
     def stop(self) -> None:
         self.engine.stop()
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        channel = Channel()
-        self.engine.submit_fill(req, channel)
-        event = await channel.queue.get()
-        if isinstance(event, ParrotError):
-            raise event
-        assert isinstance(event, FillResult)
-        return event
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        if req.sampling.constrained:  # compiled off the event loop (up to seconds); submit finds it cached
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        if req.sampling is not None and req.sampling.constrained:
+            # Compiled off the event loop (up to seconds); the submission finds it cached.
             await asyncio.to_thread(self.engine.grammars.check, req.sampling)
         channel = Channel()
-        job_id = self.engine.submit_generate(req, channel)
+        job_id = self.engine.submit_extend(req, channel)
         started = finished = False
         try:
             while True:
@@ -128,17 +118,16 @@ class AsyncEngine:
                     yield TokenEvent(token_id=None, finish_reason="error", error=event.message)
                     return
                 started = True
-                assert isinstance(event, TokenEvent)
                 finished = event.finish_reason is not None
                 yield event
                 if finished:
                     return
         finally:
-            if not finished:  # the reader went away (closed, cancelled): stop spending compute on it
-                self.engine.abort(job_id)
+            if not finished and req.sampling is not None:
+                self.engine.abort(job_id)  # the reader went away (closed, cancelled): stop spending compute on it
 
-    async def free_context(self, req: FreeContextRequest) -> None:
-        self.engine.free_context(req)
+    async def free(self, req: FreeContextRequest) -> None:
+        self.engine.free(req)
 
     async def stats(self) -> EngineStats:
         return self.engine.stats()

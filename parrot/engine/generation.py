@@ -1,7 +1,7 @@
 """What a sampled token does to its generation and its context: the engine core's half (lock held).
 
 `append_token` counts the token, appends it to the context and the output (EOS is not appended:
-a later Fill continues the text itself; `end_generations` then leaves the context's last token
+a later Extend continues the text itself; `end_generations` then leaves the context's last token
 uncomputed, as every request leaves it) and names the finish the token alone decides (EOS, a stop
 token, max_tokens, the model's length). The text half (detokenizing, stop strings, the event) runs
 outside the lock in `output.py`; a stop string found there is cut out of the context under the lock
@@ -50,7 +50,7 @@ def append_token(job: Job, ctx: Context, token_id: int, eos_ids: frozenset[int],
 def cut_to_text(job: Job, contexts: ContextTable, ctx: Context, text: str) -> None:
     """Cut this generation's tokens in `ctx` back to exactly `text` (the output before its stop
     string): the tokens the stop touches go, the text before it in the first of them is
-    re-tokenized (not computed yet: the next Fill or Generate computes it)."""
+    re-tokenized (not computed yet: the next Extend computes it)."""
     assert job.decoder is not None
     num_kept, tail = cut_tokens(job.decoder.tokenizer, job.output_token_ids, text)
     start = len(ctx.tokens) - len(job.output_token_ids)
@@ -73,7 +73,7 @@ def end_generations(rows: list[RowOutput], contexts: ContextTable, scheduler: Sc
         ctx = contexts.get(job.context_id)
         if ctx.num_computed >= len(ctx.tokens) > 0:
             # EOS (not appended) was sampled from the last token's logits: that token is left
-            # uncomputed again, as every request leaves it, so a Generate or a fork's Generate
+            # uncomputed again, as every request leaves it, so a generation or a fork's generation
             # right after this one computes it and samples (it found nothing to compute: a hang).
             contexts.uncompute_last(ctx)
         assert row.event is not None

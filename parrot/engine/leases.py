@@ -42,11 +42,11 @@ class LeaseKeeper:
     def __init__(
         self,
         context_ids: Callable[[tuple[str, ...]], list[str]],
-        free_context: Callable[[FreeContextRequest], None],
+        free: Callable[[FreeContextRequest], None],
         sweep_s: float = 1.0,
     ) -> None:
         self.table = LeaseTable()
-        self._context_ids, self._free, self.sweep_s = context_ids, free_context, sweep_s
+        self._context_ids, self._free, self.sweep_s = context_ids, free, sweep_s
         self._task: asyncio.Task[None] | None = None
 
     def renew(self, req: LeaseRequest) -> None:

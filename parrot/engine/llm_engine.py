@@ -37,17 +37,15 @@ from parrot.engine.model_setup import eos_ids, num_kv_blocks, set_up_model
 from parrot.engine.openmp import engine_started, others_started, passing_thread
 from parrot.engine.output import RowOutput, render
 from parrot.engine.runner import ModelRunner
-from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, Sink, StepEvents, StepPlan, deliver
+from parrot.engine.sched.job import Job, JobEvent, JobKind, ScheduledSeq, Sink, StepEvents, StepPlan, deliver
 from parrot.engine.sched.scheduler import Scheduler
 from parrot.engine.trace import StepMeter, StepRecord
 from parrot.protocol.engine_api import (
     ContextInfo,
     EngineStats,
-    FillRequest,
+    ExtendRequest,
     FreeContextRequest,
-    GenerateRequest,
     TokenEvent,
-    check_context_ids,
     check_token_ids,
 )
 from parrot.protocol.errors import ParrotError, not_found
@@ -118,45 +116,38 @@ class LLMEngine:
             self.contexts.free_released(self.scheduler.busy)
 
     # ---- requests (any thread) ------------------------------------------------------------------
-    def submit_fill(self, req: FillRequest, sink: Sink) -> None:
-        """Queue a fill; validation errors raise at once and change nothing."""
+    def submit_extend(self, req: ExtendRequest, sink: Sink) -> int:
+        """Queue an extend: a fill job for its tokens, a generation job for its sampling, both at
+        once, so the fill's last chunk samples the first token. Validation errors raise at once and
+        change nothing; constraints compile here, unlocked. Returns the job id `abort` takes (the
+        generation's; a fill, once queued, runs to its end)."""
+        grammar = self.grammars.check(req.sampling) if req.sampling is not None else None
         check_token_ids(req.token_ids, self.model.cfg.vocab_size)
         with self._cv:
-            self.scheduler.check_fill(req)
+            self.scheduler.check_extend(req)
             self.contexts.check_live(req.context_id, req.parent_context_id)
-            scores = [float("nan")] * len(req.token_ids) if req.score else None
-            tops = [None] * len(req.token_ids) if req.score and req.top_logprobs else None
-            extra = {"scores": scores, "score_tops": tops, "num_score_top": req.top_logprobs}
-            self._enqueue(JobKind.FILL, req, sink, token_ids=list(req.token_ids), **extra)
+            if req.sampling is None:  # its fill only (without tokens: a fork, and no more)
+                return self._enqueue_fill(req, sink).job_id
+            fill = self._enqueue_fill(req, sink) if req.token_ids else None
+            fork_from = req.parent_context_id if fill is None else None  # a fill made the context
+            gen = self._enqueue(JobKind.GENERATE, req, sink, fork_from, sampling=req.sampling)
+            begin_generation(gen, self.tokenizer, grammar)
+            if fill is not None:  # the generation reports the fill; the fill's failure ends it
+                fill.then, fill.sink = gen, functools.partial(self._fill_failed, fill, gen)
+            return gen.job_id
 
-    def submit_generate(self, req: GenerateRequest, sink: Sink) -> int:
-        """Queue a generation (after its fill part, if any: both at once, so the fill's last chunk
-        samples the first token); returns its job id (for `abort`). Constraints compile here, unlocked."""
-        fill, grammar = req.fill_part(), self.grammars.check(req.sampling)
-        if fill is not None:
-            check_token_ids(fill.token_ids, self.model.cfg.vocab_size)
-        with self._cv:
-            if fill is None:
-                check_context_ids(self.contexts, req.context_id, req.parent_context_id, must_exist=True)
-            else:
-                self.scheduler.check_fill(fill)
-            self.contexts.check_live(req.context_id, req.parent_context_id)
-            gen, jobs = req.generate_part(), list[Job]()
-            if fill is not None:  # its failure ends the generation; the Generate never forks
-                sink_ = functools.partial(self._fill_ended, jobs=jobs)
-                jobs.append(self._enqueue(JobKind.FILL, fill, sink_, token_ids=list(fill.token_ids)))
-            job = self._enqueue(JobKind.GENERATE, gen, sink, sampling=gen.sampling)
-            jobs.append(job)
-            begin_generation(job, self.tokenizer, grammar)
-            return job.job_id
+    def _enqueue_fill(self, req: ExtendRequest, sink: Sink) -> Job:
+        scores = [float("nan")] * len(req.token_ids) if req.score else None
+        tops = [None] * len(req.token_ids) if req.score and req.top_logprobs else None
+        extra = {"scores": scores, "score_tops": tops, "num_score_top": req.top_logprobs}
+        return self._enqueue(JobKind.FILL, req, sink, req.parent_context_id, token_ids=list(req.token_ids), **extra)
 
-    def _fill_ended(self, event: object, jobs: list[Job]) -> None:
-        """A combined request's fill ended: on an error (emitted with the lock held) the generation
-        ends with it; its FillResult (handed off with the step's events) needs nothing."""
-        fill_job, gen = jobs
+    def _fill_failed(self, fill: Job, gen: Job, event: JobEvent) -> None:
+        """The fill of a generating extend ended in an error (emitted with the lock held): the
+        generation ends with it."""
         if isinstance(event, ParrotError) and not gen.finished:
             self.scheduler.finish(gen)
-            self._drop_new_context(fill_job)  # a fork that never started leaves only a placeholder
+            self._drop_new_context(fill)  # a fork that never started leaves only a placeholder
             gen.emit(event)
 
     def abort(self, job_id: int) -> None:
@@ -166,7 +157,7 @@ class LLMEngine:
             self._aborted.add(job_id)
             self._wake()
 
-    def free_context(self, req: FreeContextRequest) -> None:
+    def free(self, req: FreeContextRequest) -> None:
         """Free a context and its KV blocks. One with work in progress (its jobs, a fork waiting
         to read it) is freed when that work ends; from now on it takes no new work and a second
         free is refused (404), as if it were gone. Unknown ids: 404."""
@@ -228,10 +219,10 @@ class LLMEngine:
             )
 
     # ---- validation helpers (lock held) ------------------------------------------------------
-    def _enqueue(self, kind: JobKind, req: FillRequest | GenerateRequest, sink: Sink, **fields: object) -> Job:
+    def _enqueue(self, kind: JobKind, req: ExtendRequest, sink: Sink, fork_from: str | None, **fields: object) -> Job:
         """Register the request's context (validated by the caller) and queue its job."""
         if req.context_id not in self.contexts:  # registered at once (a fork's placeholder until it runs)
-            self.contexts.contexts[req.context_id] = Context(req.context_id, req.parent_context_id)
+            self.contexts.contexts[req.context_id] = Context(req.context_id, fork_from)
         job = Job(
             next(self._job_ids),
             kind,
@@ -240,7 +231,7 @@ class LLMEngine:
             req.objective,
             req.priority,
             time.monotonic(),
-            fork_from=req.parent_context_id,
+            fork_from=fork_from,
             **fields,  # type: ignore[arg-type]
         )
         self.scheduler.add(job)
@@ -342,7 +333,8 @@ class LLMEngine:
         self, plan: StepPlan, seqs: list[ScheduledSeq], tokens: list[int], logprobs: list[float], elapsed: float
     ) -> tuple[list[RowOutput], StepEvents]:
         """The engine core's half of a step's results (lock held): progress, fills that ended,
-        each sampled token appended. Returns the rows for the output processor and the fills' events."""
+        each sampled token appended. Returns the rows for the output processor and the `filled`
+        events of fills no generation follows."""
         sampled = iter(zip(tokens, logprobs, strict=True))
         rows: list[RowOutput] = []
         events: StepEvents = []
@@ -352,7 +344,7 @@ class LLMEngine:
             ctx.num_computed += s.num_new
             if job.kind is JobKind.FILL:
                 job.num_filled += s.num_new - (s.sample_for is not None)  # not the handed-over token
-                self._end_fill_if_done(job, events)  # before a handed-over Generate appends its token
+                self._end_fill_if_done(job, events)  # before a handed-over generation appends its token
             # Prompt tokens computed: all of a fill's (a handed-over last token included) and of a
             # generation that has not sampled yet; later, all but the previous step's sampled token
             # (more than one only when a preempted context recomputes).
@@ -375,14 +367,19 @@ class LLMEngine:
         ctx = self.contexts.get(job.context_id)
         if not job.finished and ctx.num_computed >= job.target:
             self.scheduler.finish(job)
-            events.append((job.sink, job.fill_result(ctx.context_id, ctx.num_tokens)))
+            filled = job.fill_result(ctx.num_tokens)
+            if job.then is not None:  # its generation's first event says it
+                job.then.filled = filled
+            else:
+                events.append((job.sink, TokenEvent(token_id=None, finish_reason="filled", filled=filled)))
 
     def _end_aborted(self) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:
             if job.job_id in self._aborted:
                 self.scheduler.finish(job)
                 self._drop_new_context(job)  # a fork that never started leaves only a placeholder
-                job.emit(TokenEvent(token_id=None, finish_reason="aborted", output_token_ids=job.output_token_ids))
+                ended = TokenEvent(token_id=None, finish_reason="aborted", output_token_ids=job.output_token_ids)
+                job.emit(ended.model_copy(update={"filled": job.filled}) if job.filled is not None else ended)
         self._aborted.clear()
         self.contexts.free_released(self.scheduler.busy)
 

@@ -33,7 +33,8 @@ class RowOutput:
 
 def render(row: RowOutput) -> None:
     """Detokenize `row`'s token, match its generation's stop strings and build its event (with the
-    token's alternatives and, at the end of a choice, its score, where the request asked)."""
+    token's alternatives and, at the end of a choice, its score, where the request asked; the
+    generation's first event also says what its extend's tokens did)."""
     _render(row)
     job, event = row.job, row.event
     sample_row, params = job.sample_row, job.sampling
@@ -43,6 +44,8 @@ def render(row: RowOutput) -> None:
         extra["top_logprobs"] = sample_row.top
     if params.choices is not None and event.finish_reason is not None:
         extra["choice_logprobs"] = {job.decoder.text: sample_row.logprob_sum}  # its tokens' logprobs, EOS included
+    if job.filled is not None:  # the first event of an extend that had tokens reports them
+        extra["filled"], job.filled = job.filled, None
     if extra:
         row.event = event.model_copy(update=extra)
 

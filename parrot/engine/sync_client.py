@@ -1,7 +1,8 @@
 """The synchronous client of LLMEngine: blocking helpers for scripts, benchmarks and tests (no event loop).
 
-`submit_*` queue work and return a handle; `wait` collects its events. Several handles submitted
-before waiting run batched together in the engine.
+`submit` queues an extend and returns a handle; `wait` collects its events (`wait_filled`: the one
+event of an extend without sampling). Several handles submitted before waiting run batched
+together in the engine.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.sched.job import JobEvent
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, Filled, TokenEvent
 from parrot.protocol.errors import ParrotError
 
 
@@ -23,44 +24,38 @@ class Handle:
         self.events.put(event)
 
 
-def submit_fill(engine: LLMEngine, req: FillRequest) -> Handle:
+def submit(engine: LLMEngine, req: ExtendRequest) -> Handle:
     h = Handle()
-    engine.submit_fill(req, h.sink)
+    engine.submit_extend(req, h.sink)
     return h
 
 
-def submit_generate(engine: LLMEngine, req: GenerateRequest) -> Handle:
-    h = Handle()
-    engine.submit_generate(req, h.sink)
-    return h
-
-
-def wait_fill(h: Handle, timeout: float = 300.0) -> FillResult:
-    event = h.events.get(timeout=timeout)
-    if isinstance(event, ParrotError):
-        raise event
-    assert isinstance(event, FillResult)
-    return event
-
-
-def wait_generate(h: Handle, timeout: float = 300.0) -> list[TokenEvent]:
+def wait(h: Handle, timeout: float = 300.0) -> list[TokenEvent]:
+    """Every event of the extend, the last with its finish_reason; an error raises ParrotError."""
     out: list[TokenEvent] = []
     while True:
         event = h.events.get(timeout=timeout)
         if isinstance(event, ParrotError):
             raise event
-        assert isinstance(event, TokenEvent)
         out.append(event)
         if event.finish_reason is not None:
             return out
 
 
-def fill(engine: LLMEngine, req: FillRequest) -> FillResult:
-    return wait_fill(submit_fill(engine, req))
+def wait_filled(h: Handle, timeout: float = 300.0) -> Filled:
+    """What an extend without sampling did (its one event)."""
+    (event,) = wait(h, timeout)
+    assert event.filled is not None
+    return event.filled
 
 
-def generate(engine: LLMEngine, req: GenerateRequest) -> list[TokenEvent]:
-    return wait_generate(submit_generate(engine, req))
+def extend(engine: LLMEngine, req: ExtendRequest) -> list[TokenEvent]:
+    return wait(submit(engine, req))
+
+
+def extend_only(engine: LLMEngine, req: ExtendRequest) -> Filled:
+    """An extend without sampling, waited for: what its tokens did."""
+    return wait_filled(submit(engine, req))
 
 
 def token_ids(events: list[TokenEvent]) -> list[int]:

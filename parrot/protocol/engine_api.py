@@ -1,4 +1,4 @@
-"""Engine API messages: Fill / Generate / FreeContext and the stats an engine reports.
+"""Engine API messages: Extend / Free / Lease and the stats an engine reports.
 
 A context is the engine-side KV state of one token sequence. A context forked from a parent shares
 the parent's KV blocks; the parent's tokens are the child's prefix.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from parrot.protocol.errors import ParrotError, conflict, not_found
 from parrot.protocol.objective import Objective
@@ -37,96 +37,97 @@ class TopLogprob(_Msg):
     logprob: float
 
 
-class FillRequest(_Req):
-    """Create `context_id` holding `token_ids` (a fork of `parent_context_id`'s tokens first, if
-    given), or with `append` extend the existing `context_id`. Creating an id that exists is a 409
-    and appending to one that does not a 404, so a stale or repeated request never silently
-    doubles a context (a restarted manager, a retried request)."""
+class ExtendRequest(_Req):
+    """The engine's one operation: append `token_ids` to a context, then, with `sampling`, decode
+    into the same context, streaming.
+
+    The tokens go in first: without `append`, `context_id` is created (a fork sharing
+    `parent_context_id`'s KV, if given, its tokens first); with `append`, the existing
+    `context_id` is extended. Creating an id that exists is a 409 and appending to one that does
+    not a 404, so a stale or repeated request never silently doubles a context (a restarted
+    manager, a retried request). Then, with `sampling`, the generation runs in the same context.
+    Everything is validated before anything is queued (400 / 404 / 409 naming the field); a fill
+    that fails later ends the generation with its error. No tokens, no sampling and no parent is a
+    400 (there is nothing to do; a fork without tokens is a fork); no tokens with sampling decodes
+    from what the context holds (a new context without a parent then has nothing: a 400). An
+    engine may compute the last token and sample the first output token in one step (the builtin
+    engine does).
+
+    The answer is a stream of TokenEvents (`TokenEvent.filled`): without `sampling`, exactly one,
+    `finish_reason="filled"`; with it, the generation's events, the first carrying `filled` when
+    tokens went in."""
 
     context_id: ContextId = _ID
-    token_ids: list[int] = Field(max_length=MAX_FILL_TOKENS)
     parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
     append: bool = False
-
-    @model_validator(mode="after")
-    def _append_has_no_parent(self) -> FillRequest:
-        if self.append and self.parent_context_id is not None:
-            raise ValueError("an append names no parent_context_id: the context has its tokens already")
-        return self
-
+    # Checked before `token_ids` and `score`, whose rules depend on it (fields validate in order).
+    sampling: SamplingParams | None = None
+    token_ids: list[int] = Field(default_factory=list, max_length=MAX_FILL_TOKENS, validate_default=True)
     objective: Objective = Field(default=Objective.LATENCY, strict=False)
     priority: int = Field(default=0, ge=-1000, le=1000)
-    # Score the filled tokens: FillResult.token_logprobs gives each one's log-probability given
-    # every token before it (a select scores its options as forks of the prompt this way). An
-    # engine that cannot score answers 400 naming `score`. `top_logprobs` (with `score`): also each
-    # filled token's most likely alternatives at its position (FillResult.top_logprobs).
+    # Without sampling: score the appended tokens: `Filled.token_logprobs` gives each one's
+    # log-probability given every token before it (a select scores its options as forks of the
+    # prompt this way). An engine that cannot score answers 400 naming `score`. `top_logprobs`
+    # (with `score`): also each token's most likely alternatives at its position (`Filled.top_logprobs`).
     score: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    # With sampling. False: nobody reads the text as it is generated (only the output at the end,
+    # or another call that waits for it), so an engine may hand tokens over in batches (the OpenAI
+    # adapter asks vLLM for chunks of 16: a token per chunk costs its server and the manager CPU).
+    # Same tokens either way.
+    watched: bool = True
+    # With sampling. False: nobody reads the generated tokens' logprobs (`TokenEvent.logprob` may
+    # then be None; `top_logprobs` are reported whatever it says), so the OpenAI adapter asks vLLM
+    # for the token ids without logprobs (computing them cost vLLM ~3% per token). The builtin
+    # engine computes them anyway.
+    logprobs: bool = True
+
+    @field_validator("token_ids")
+    @classmethod
+    def _something_to_do(cls, token_ids: list[int], info: ValidationInfo) -> list[int]:
+        if token_ids or "sampling" not in info.data:  # (a refused `sampling` is reported itself)
+            return token_ids
+        if info.data["sampling"] is None and info.data.get("parent_context_id") is None:
+            raise ValueError("an extend needs token_ids, sampling or a parent_context_id to fork: it has none")
+        if not info.data.get("append") and info.data.get("parent_context_id") is None:
+            raise ValueError("a new context without a parent needs token_ids: there is nothing to generate from")
+        return token_ids
+
+    @field_validator("score", "top_logprobs")
+    @classmethod
+    def _scores_only_a_fill(cls, value: bool | int, info: ValidationInfo) -> bool | int:
+        if value and info.data.get("sampling") is not None:
+            raise ValueError(
+                "only for an extend without sampling: it scores the appended tokens "
+                "(SamplingParams.top_logprobs reports a generation's alternatives)"
+            )
+        return value
+
+    @field_validator("append")
+    @classmethod
+    def _append_has_no_parent(cls, append: bool, info: ValidationInfo) -> bool:
+        if append and info.data.get("parent_context_id") is not None:
+            raise ValueError("an append names no parent_context_id: the context has its tokens already")
+        return append
 
 
-class FillResult(_Msg):
-    context_id: ContextId
-    num_tokens: int  # the context's length after the fill, parent prefix included
-    num_filled_tokens: int  # tokens this fill computed
-    # With `score`: one per filled token (None for a context's very first token: nothing precedes it).
+class Filled(_Msg):
+    """What the tokens of an Extend did (`TokenEvent.filled`)."""
+
+    num_tokens: int  # the context's length after its tokens went in, parent prefix included
+    num_filled_tokens: int  # tokens this extend computed before its generation (if any) took over
+    # With `score`: one per appended token (None for a context's very first token: nothing precedes it).
     token_logprobs: list[float | None] | None = None
     top_logprobs: list[list[TopLogprob] | None] | None = None  # with score and top_logprobs, as token_logprobs
 
 
-class GenerateRequest(_Req):
-    """Decode into `context_id` (created as a fork of `parent_context_id` if given).
-
-    With `token_ids`, one request fills then generates: first `token_ids` go into `context_id`
-    exactly as FillRequest(context_id, token_ids, parent_context_id, append, objective, priority)
-    would put them (create, fork from the parent, or with `append` extend), then the generation
-    runs. The fill part is validated at once as a Fill is (404 / 409 / 400), before anything is
-    queued; a fill that fails later ends the generation with its error. An engine may run the
-    fill's last token and the first sample in one step (the builtin engine does)."""
-
-    context_id: ContextId = _ID
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
-    parent_context_id: ContextId | None = Field(default=None, min_length=1, max_length=128)
-    token_ids: list[int] = Field(default_factory=list, max_length=MAX_FILL_TOKENS)
-    append: bool = False
-    objective: Objective = Field(default=Objective.LATENCY, strict=False)
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    # False: nobody reads the text as it is generated (only the output at the end, or another call
-    # that waits for it), so an engine may hand tokens over in batches (the OpenAI adapter asks vLLM
-    # for chunks of 16: a token per chunk costs its server and the manager CPU). Same tokens either way.
-    watched: bool = True
-    # False: nobody reads the generated tokens' logprobs (`TokenEvent.logprob` may then be None;
-    # `top_logprobs` are reported whatever it says), so the OpenAI adapter asks vLLM for the token
-    # ids without logprobs (computing them cost vLLM ~3% per token). The builtin engine computes them anyway.
-    logprobs: bool = True
-
-    @model_validator(mode="after")
-    def _append_has_no_parent(self) -> GenerateRequest:
-        if self.append and self.parent_context_id is not None:
-            raise ValueError("an append names no parent_context_id: the context has its tokens already")
-        return self
-
-    def fill_part(self) -> FillRequest | None:
-        """The Fill this request begins with; None without token_ids (a plain Generate)."""
-        if not self.token_ids:
-            return None
-        return FillRequest(
-            context_id=self.context_id,
-            token_ids=self.token_ids,
-            parent_context_id=self.parent_context_id,
-            append=self.append,
-            objective=self.objective,
-            priority=self.priority,
-        )
-
-    def generate_part(self) -> GenerateRequest:
-        """The Generate that follows the fill part (the context exists by then)."""
-        if not self.token_ids:
-            return self
-        return self.model_copy(update={"token_ids": [], "parent_context_id": None, "append": False})
-
-
 class TokenEvent(_Msg):
-    """One streamed step of a generation. The last event has `finish_reason` set.
+    """One streamed event of an Extend: a generated token, or the one result of an extend that
+    does not generate. The last event has `finish_reason` set.
+
+    `filled`: what the extend's tokens did; on its only event (`finish_reason="filled"`, no token)
+    for an extend without sampling, on the first event of a generating extend that had tokens,
+    else None.
 
     `text` is the new text this token completes (possibly empty while a multi-byte character is
     incomplete); on a stop-string finish, the stop string and what follows are not in any text.
@@ -146,8 +147,9 @@ class TokenEvent(_Msg):
     token_id: int | None
     logprob: float | None = None
     text: str = ""
-    finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted"
+    finish_reason: str | None = None  # "length" | "stop" | "eos" | "error" | "aborted" | "filled"
     error: str | None = None
+    filled: Filled | None = None
     output_token_ids: list[int] | None = None
     top_logprobs: list[TopLogprob] | None = None
     choice_logprobs: dict[str, float] | None = None
@@ -224,22 +226,18 @@ def check_token_ids(token_ids: Sequence[int], vocab: int, field: str = "token_id
         raise ParrotError(f"token id {bad} is outside the vocabulary [0, {vocab})", field=field)
 
 
-def check_context_ids(
-    contexts: Container[str], context_id: str, parent_id: str | None, must_exist: bool, must_be_new: bool = False
-) -> None:
-    """The engine API's id rules for a Fill (creating: `must_be_new`; appending: `must_exist`) or a
-    Generate (`must_exist`): a fork names a new id and an existing parent other than itself; an
-    append names an existing context and no parent. Raises ParrotError (400 / 404 / 409) naming
-    the field. Every engine applies them."""
+def check_context_ids(contexts: Container[str], req: ExtendRequest) -> None:
+    """The engine API's id rules for an Extend: an append names an existing context (404); a new
+    context, a fork included, an id not held (409); a fork an existing parent (404). Raises
+    ParrotError naming the field. Every engine applies them."""
+    context_id, parent_id = req.context_id, req.parent_context_id
     exists = context_id in contexts
-    if parent_id is None and must_exist and not exists:
-        raise not_found("context", context_id, "context_id")
-    if must_be_new and exists:
-        raise conflict(f"context {context_id!r} already exists: name a new one, or append to it", "context_id")
     if parent_id is not None:
         if exists:
             raise conflict(f"context {context_id!r} already exists; a fork needs a new id", "context_id")
         if parent_id not in contexts:
             raise not_found("parent context", parent_id, "parent_context_id")
-        if parent_id == context_id:
-            raise ParrotError("a context cannot be its own parent", field="parent_context_id")
+    elif req.append and not exists:
+        raise not_found("context", context_id, "context_id")
+    elif not req.append and exists:
+        raise conflict(f"context {context_id!r} already exists: name a new one, or append to it", "context_id")

@@ -15,10 +15,9 @@ from typing import Protocol, runtime_checkable
 
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
+    Filled,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
 )
@@ -36,15 +35,17 @@ class EngineUnavailable(ParrotError):
 
 @runtime_checkable
 class EngineClient(Protocol):
-    async def fill(self, req: FillRequest) -> FillResult:
-        """Extend (or fork and extend) a context; returns its length. Waits for earlier work on it."""
+    def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        """Append the request's tokens to a context (creating or forking it), then, with sampling,
+        decode into it (engine_api.ExtendRequest). Runs after earlier work on the context. The
+        stream: one `filled` event without sampling, else the generation's events (the first
+        carries `filled` when tokens went in); the last has finish_reason. Errors found before
+        anything ran raise ParrotError; a generation that fails later ends with finish_reason
+        "error". Closing the iterator early aborts a generation (its tokens so far stay in the
+        context); tokens already queued to go in still do."""
         ...
 
-    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        """Decode into a context; the last event has finish_reason. Closing the iterator early aborts."""
-        ...
-
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def free(self, req: FreeContextRequest) -> None:
         """Release a context; one with work pending is released when that work ends and takes
         no new work meanwhile (404, as if gone). 404 for an unknown id."""
         ...
@@ -76,3 +77,22 @@ async def engine_model_folder(client: EngineClient) -> Path | None:
     if folder is None and info is not None:
         folder = (await info()).get("model_folder")
     return None if folder is None else Path(folder)
+
+
+async def extend_only(client: EngineClient, req: ExtendRequest) -> Filled:
+    """An extend without sampling: its one event's `filled`. Raises what the engine raises, and
+    ParrotError for an error event; EngineUnavailable when the stream ends without its result."""
+    if req.sampling is not None:
+        raise ValueError("extend_only takes an extend without sampling")
+    events = client.extend(req)
+    try:
+        async for event in events:
+            if event.finish_reason == "error":
+                raise ParrotError(f"engine error: {event.error}", status=500)
+            if event.filled is not None:
+                return event.filled
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    raise EngineUnavailable(f"the engine's answer to extending {req.context_id!r} ended without its result")

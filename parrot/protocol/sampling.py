@@ -47,7 +47,7 @@ class SamplingParams(BaseModel):
     top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     # vLLM's: the prompt's tokens are reported too, each with its logprob given the tokens before it
     # and this many alternatives (the completions API's `echo` with `logprobs`). Set on a call's
-    # first output, the manager fills that call's whole prompt as one scoring fill (FillRequest.score,
+    # first output, the manager fills that call's whole prompt as one scoring fill (ExtendRequest.score,
     # no cached prefix: every prompt token is computed); engines themselves ignore it.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # OpenAI's penalties on the output so far: logit -= presence * [count > 0] + frequency * count.

@@ -2,8 +2,8 @@
 device on the event loop's clock. Run on `parrot.sim.loop.VirtualTimeLoop`, each step "takes" the
 cost model's time without any wall-clock wait; on a normal loop it sleeps that long for real.
 
-Fill / Generate / FreeContext keep the engine API's rules (the ids' 404/409/400, a Generate that
-carries its fill, a context holding exactly its output) over paged KV accounting (kv.py) and the
+Extend / Free keep the engine API's rules (the ids' 404/409/400, tokens and a generation in one
+request, a context holding exactly its output) over paged KV accounting (kv.py) and the
 step scheduler (scheduler.py). What is simulated: every generation samples exactly `max_tokens`
 tokens (as the paper's workloads ask: EOS ignored; stop strings are not looked for), each the
 token " the". Owns its contexts, jobs and counters; one step loop task per engine.
@@ -19,10 +19,9 @@ from pathlib import Path
 
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
+    Filled,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
     check_context_ids,
@@ -75,38 +74,25 @@ class SimEngine:
 
     # --- the engine API ---------------------------------------------------------------------------
 
-    async def fill(self, req: FillRequest) -> FillResult:
+    async def extend(self, req: ExtendRequest) -> AsyncGenerator[TokenEvent, None]:
         self._check_alive()
         if req.score:  # a simulated engine computes no logits
             raise ParrotError("a simulated engine cannot score tokens", field="score")
-        job = self._add_fill(req)
-        if job is None:
-            ctx = self.kv.contexts[req.context_id]
-            return FillResult(context_id=req.context_id, num_tokens=ctx.num_tokens, num_filled_tokens=0)
-        assert job.done is not None
-        num = await job.done
-        return FillResult(context_id=req.context_id, num_tokens=job.ctx.num_tokens, num_filled_tokens=num)
-
-    async def generate(self, req: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
-        self._check_alive()
-        fill = req.fill_part()
-        if fill is None:
-            check_context_ids(self.kv.contexts, req.context_id, req.parent_context_id, must_exist=True)
-            fill = FillRequest(
-                context_id=req.context_id,
-                token_ids=[],
-                parent_context_id=req.parent_context_id,
-                append=req.parent_context_id is None,
-            )
-        wait_for = self._create(fill)
-        req = req.generate_part()
-        ctx = self.kv.contexts[req.context_id]
+        if req.sampling is None:
+            yield TokenEvent(token_id=None, finish_reason="filled", filled=await self._fill(req))
+            return
+        check_context_ids(self.kv.contexts, req)
+        source = self.kv.contexts.get(req.parent_context_id or req.context_id)
+        num_tokens = (source.num_tokens if source is not None else 0) + len(req.token_ids)
         max_tokens = req.sampling.max_tokens
-        if ctx.num_tokens == 0:
-            raise ParrotError("empty context: fill it first", field="context_id")
-        self._check_fits(ctx.num_tokens + max_tokens, "sampling.max_tokens")
+        if num_tokens == 0:
+            raise ParrotError("empty context: nothing to generate from", field="context_id")
+        self._check_fits(num_tokens, "token_ids")
+        self._check_fits(num_tokens + max_tokens, "sampling.max_tokens")
+        wait_for = self._create(req)
+        ctx = self.kv.contexts[req.context_id]
         job = SimJob(next(self._ids), ctx, req.objective, req.priority, 0, max_tokens, fork_from=wait_for)
-        job.events = asyncio.Queue()
+        job.events, job.reports_fill = asyncio.Queue(), bool(req.token_ids)
         self._enqueue(job)
         start = ctx.num_tokens
         try:
@@ -121,14 +107,23 @@ class SimEngine:
                 job.aborted = True
                 self.scheduler.finish(job, self._now())
 
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def _fill(self, req: ExtendRequest) -> Filled:
+        job = self._add_fill(req)
+        if job is None:
+            ctx = self.kv.contexts[req.context_id]
+            return Filled(num_tokens=ctx.num_tokens, num_filled_tokens=0)
+        assert job.done is not None
+        num = await job.done
+        return Filled(num_tokens=job.ctx.num_tokens, num_filled_tokens=num)
+
+    async def free(self, req: FreeContextRequest) -> None:
         self._check_alive()
         ctx = self.kv.contexts.get(req.context_id)
         if ctx is None:
             raise not_found("context", req.context_id, "context_id")
         if self.scheduler.reads(req.context_id):
             raise conflict(f"context {req.context_id!r} has work in progress", "context_id")
-        self.kv.free_context(req.context_id)
+        self.kv.remove(req.context_id)
 
     async def renew_lease(self, req: LeaseRequest) -> None:
         """Leases are not modelled: a simulation's contexts end with it (a dead engine's with it)."""
@@ -174,10 +169,10 @@ class SimEngine:
         if -(-num_tokens // self.kv.block_size) > self.kv.num_blocks:
             raise ParrotError(f"{num_tokens} tokens can never fit in {self.kv.num_blocks} KV blocks", field=field)
 
-    def _create(self, req: FillRequest) -> SimContext | None:
+    def _create(self, req: ExtendRequest) -> SimContext | None:
         """Create, fork or extend the context; returns the parent a fork must wait for (it has
         earlier jobs: the fork shares its KV once they are done), else None."""
-        check_context_ids(self.kv.contexts, req.context_id, req.parent_context_id, req.append, not req.append)
+        check_context_ids(self.kv.contexts, req)
         wait_for = None
         if req.parent_context_id is not None:
             parent = self.kv.contexts[req.parent_context_id]
@@ -194,10 +189,10 @@ class SimEngine:
         ctx.num_tokens += len(req.token_ids)
         return wait_for
 
-    def _add_fill(self, req: FillRequest) -> SimJob | None:
+    def _add_fill(self, req: ExtendRequest) -> SimJob | None:
         wait_for = self._create(req)
         ctx = self.kv.contexts[req.context_id]
-        target = ctx.num_tokens - 1  # the last token: the next request's (a Generate or a fork's fill)
+        target = ctx.num_tokens - 1  # the last token: the next request's (a generation or a fork's fill)
         if wait_for is None and ctx.num_computed >= target and not self.scheduler.reads(ctx.context_id):
             return None
         job = SimJob(next(self._ids), ctx, req.objective, req.priority, target=target, fork_from=wait_for)
@@ -257,6 +252,11 @@ class SimEngine:
             assert job.events is not None
             done = job.num_generated >= job.max_tokens
             event = TokenEvent(token_id=GEN_TOKEN_ID, text=GEN_TOKEN_TEXT, finish_reason="length" if done else None)
+            if job.reports_fill and job.num_generated == 1:
+                # The prompt's last token is the generation's, as in the builtin engine.
+                num_filled = max(0, job.num_computed_tokens - 1)
+                filled = Filled(num_tokens=job.ctx.num_tokens - 1, num_filled_tokens=num_filled)
+                event = event.model_copy(update={"filled": filled})
             if done:
                 self._end(job, event)
             else:

@@ -29,7 +29,7 @@ class SimContext:
     num_tokens: int = 0
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
-    busy: bool = False  # a job runs on it (free_context answers 409)
+    busy: bool = False  # a job runs on it (a free answers 409)
     last_used: float = 0.0  # virtual time its last job ended (reclaim order)
 
 
@@ -114,7 +114,7 @@ class BlockTable:
         ctx.shared_len = 0
         return len(self.free) - before
 
-    def free_context(self, context_id: str) -> None:
+    def remove(self, context_id: str) -> None:
         ctx = self.contexts.pop(context_id)
         self.release(ctx)
 

@@ -55,6 +55,7 @@ class SimJob:
     done: asyncio.Future[int] | None = None  # a fill's: resolved with its computed tokens
     events: asyncio.Queue[TokenEvent] | None = None  # a generation's stream
     arrival: float = 0.0  # virtual time it was added (SimScheduler.add)
+    reports_fill: bool = False  # a generation whose extend had tokens: its first event says what they did
 
     @property
     def context_id(self) -> str:

@@ -11,7 +11,7 @@ import pytest
 from parrot.engine import kernels, sync_client
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import write_tiny_model
-from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 
 def write_tiny32(tmp_path_factory: pytest.TempPathFactory, tokenizer_from: Path) -> Path:
@@ -51,8 +51,10 @@ def tokens_fused_or_not(engine: LLMEngine, counted: Counted) -> dict[bool, list[
             events = []
             for i in range(3):
                 cid = f"{on}-{i}"
-                sync_client.fill(engine, FillRequest(context_id=cid, token_ids=list(range(100 + i, 130 + 7 * i))))
-                events.append(sync_client.generate(engine, GenerateRequest(context_id=cid, sampling=sampling)))
+                sync_client.extend_only(
+                    engine, ExtendRequest(context_id=cid, token_ids=list(range(100 + i, 130 + 7 * i)))
+                )
+                events.append(sync_client.extend(engine, ExtendRequest(context_id=cid, append=True, sampling=sampling)))
             results[on] = [([e.token_id for e in ev], [e.logprob for e in ev]) for ev in events]
             if on:
                 assert counted.calls > 0

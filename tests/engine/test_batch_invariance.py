@@ -17,7 +17,7 @@ from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.loader import write_tiny_model
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 Output = tuple[list[int], list[float]]
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -58,9 +58,9 @@ def outputs(events: list) -> Output:
 
 
 def alone(engine: LLMEngine, tokens: list[int], sampling: SamplingParams) -> Output:
-    sync_client.fill(engine, FillRequest(context_id="alone", token_ids=tokens))
-    out = outputs(sync_client.generate(engine, GenerateRequest(context_id="alone", sampling=sampling)))
-    engine.free_context(FreeContextRequest(context_id="alone"))
+    sync_client.extend_only(engine, ExtendRequest(context_id="alone", token_ids=tokens))
+    out = outputs(sync_client.extend(engine, ExtendRequest(context_id="alone", append=True, sampling=sampling)))
+    engine.free(FreeContextRequest(context_id="alone"))
     return out
 
 
@@ -70,11 +70,13 @@ def together(
     """All at once: each fill and generate submitted before any is awaited (one batch)."""
     handles = []
     for i, t in enumerate(tokens):
-        sync_client.submit_fill(engine, FillRequest(context_id=f"c{i}", token_ids=t, parent_context_id=parent))
-        handles.append(sync_client.submit_generate(engine, GenerateRequest(context_id=f"c{i}", sampling=samplings[i])))
-    outs = [outputs(sync_client.wait_generate(h)) for h in handles]
+        sync_client.submit(engine, ExtendRequest(context_id=f"c{i}", token_ids=t, parent_context_id=parent))
+        handles.append(
+            sync_client.submit(engine, ExtendRequest(context_id=f"c{i}", append=True, sampling=samplings[i]))
+        )
+    outs = [outputs(sync_client.wait(h)) for h in handles]
     for i in range(len(tokens)):
-        engine.free_context(FreeContextRequest(context_id=f"c{i}"))
+        engine.free(FreeContextRequest(context_id=f"c{i}"))
     return outs
 
 
@@ -124,11 +126,11 @@ def test_forked_prefix_equals_one_fill(engine: LLMEngine) -> None:
     suffixes = [prompt(200 + i, 3 + 37 * i) for i in range(8)]
     samplings = [GREEDY if i % 2 else seeded(i) for i in range(8)]
     expected = [alone(engine, prefix + s, sp) for s, sp in zip(suffixes, samplings, strict=True)]
-    sync_client.fill(engine, FillRequest(context_id="prefix", token_ids=prefix))
+    sync_client.extend_only(engine, ExtendRequest(context_id="prefix", token_ids=prefix))
     try:
         assert together(engine, suffixes, samplings, parent="prefix") == expected
     finally:
-        engine.free_context(FreeContextRequest(context_id="prefix"))
+        engine.free(FreeContextRequest(context_id="prefix"))
 
 
 def test_chunked_prefill_equals_one_shot(engine: LLMEngine, bf16_model_folder: Path) -> None:
@@ -157,13 +159,13 @@ def test_generated_tokens_continue_like_the_same_tokens_filled(engine: LLMEngine
     text filled in one piece (generated tokens' K/V come from decode rows, filled ones from
     prefill chunks: the same bits)."""
     head, tail = prompt(400, 150), prompt(401, 90)
-    sync_client.fill(engine, FillRequest(context_id="turns", token_ids=head))
+    sync_client.extend_only(engine, ExtendRequest(context_id="turns", token_ids=head))
     try:
-        first = outputs(sync_client.generate(engine, GenerateRequest(context_id="turns", sampling=GREEDY)))[0]
-        sync_client.fill(engine, FillRequest(context_id="turns", token_ids=tail, append=True))
-        second = outputs(sync_client.generate(engine, GenerateRequest(context_id="turns", sampling=GREEDY)))
+        first = outputs(sync_client.extend(engine, ExtendRequest(context_id="turns", append=True, sampling=GREEDY)))[0]
+        sync_client.extend_only(engine, ExtendRequest(context_id="turns", token_ids=tail, append=True))
+        second = outputs(sync_client.extend(engine, ExtendRequest(context_id="turns", append=True, sampling=GREEDY)))
     finally:
-        engine.free_context(FreeContextRequest(context_id="turns"))
+        engine.free(FreeContextRequest(context_id="turns"))
     assert len(first) == 8 and len(second[0]) == 8
     assert alone(engine, head + first + tail, GREEDY) == second
 

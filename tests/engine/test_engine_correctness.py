@@ -10,7 +10,7 @@ import pytest
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
@@ -27,8 +27,8 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def gen(engine: LLMEngine, ctx: str, sampling: SamplingParams = GREEDY, parent: str | None = None) -> list[int]:
-    events = sync_client.generate(engine, GenerateRequest(context_id=ctx, parent_context_id=parent, sampling=sampling))
-    return sync_client.token_ids(events)
+    req = ExtendRequest(context_id=ctx, parent_context_id=parent, append=parent is None, sampling=sampling)
+    return sync_client.token_ids(sync_client.extend(engine, req))
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -37,21 +37,25 @@ def test_fork_then_suffix_equals_one_fill(tiny_model_folder: Path, block_size: i
     try:
         start_free = engine.stats().num_blocks_free
         prefix, suffix = prompt(1, 37), prompt(2, 11)  # 37 is not a multiple of 16
-        sync_client.fill(engine, FillRequest(context_id="whole", token_ids=prefix + suffix))
+        sync_client.extend_only(engine, ExtendRequest(context_id="whole", token_ids=prefix + suffix))
         expected = gen(engine, "whole")
-        sync_client.fill(engine, FillRequest(context_id="prefix", token_ids=prefix))
+        sync_client.extend_only(engine, ExtendRequest(context_id="prefix", token_ids=prefix))
         for i in range(3):  # several children of one parent, and a grandchild
-            sync_client.fill(engine, FillRequest(context_id=f"child{i}", token_ids=suffix, parent_context_id="prefix"))
+            sync_client.extend_only(
+                engine, ExtendRequest(context_id=f"child{i}", token_ids=suffix, parent_context_id="prefix")
+            )
             assert gen(engine, f"child{i}") == expected
-        sync_client.fill(engine, FillRequest(context_id="mid", token_ids=suffix[:5], parent_context_id="prefix"))
-        sync_client.fill(engine, FillRequest(context_id="leaf", token_ids=suffix[5:], parent_context_id="mid"))
+        sync_client.extend_only(
+            engine, ExtendRequest(context_id="mid", token_ids=suffix[:5], parent_context_id="prefix")
+        )
+        sync_client.extend_only(engine, ExtendRequest(context_id="leaf", token_ids=suffix[5:], parent_context_id="mid"))
         assert gen(engine, "leaf") == expected
-        # Generate straight into a fork of a filled context.
-        sync_client.fill(engine, FillRequest(context_id="full", token_ids=prefix + suffix))
+        # Generate straight into a fork of a filled context (no tokens of its own).
+        sync_client.extend_only(engine, ExtendRequest(context_id="full", token_ids=prefix + suffix))
         assert gen(engine, "g", parent="full") == expected
         assert gen(engine, "g2", parent="full") == expected
         for cid in ["whole", "prefix", "child0", "child1", "child2", "mid", "leaf", "full", "g", "g2"]:
-            engine.free_context(FreeContextRequest(context_id=cid))
+            engine.free(FreeContextRequest(context_id=cid))
         assert engine.stats().num_blocks_free == start_free
         assert engine.stats().num_contexts == 0
     finally:
@@ -65,18 +69,18 @@ def test_ragged_batch_equals_each_alone(tiny_model_folder: Path) -> None:
         prompts = [prompt(10 + i, n) for i, n in enumerate([5, 130, 33, 1, 77, 16])]
         alone = []
         for i, p in enumerate(prompts):
-            sync_client.fill(engine, FillRequest(context_id=f"a{i}", token_ids=p))
+            sync_client.extend_only(engine, ExtendRequest(context_id=f"a{i}", token_ids=p))
             alone.append(gen(engine, f"a{i}"))
         fills = [
-            sync_client.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p)) for i, p in enumerate(prompts)
+            sync_client.submit(engine, ExtendRequest(context_id=f"b{i}", token_ids=p)) for i, p in enumerate(prompts)
         ]
         gens = [
-            sync_client.submit_generate(engine, GenerateRequest(context_id=f"b{i}", sampling=GREEDY))
+            sync_client.submit(engine, ExtendRequest(context_id=f"b{i}", append=True, sampling=GREEDY))
             for i in range(len(prompts))
         ]
         for h in fills:
-            sync_client.wait_fill(h)
-        together = [sync_client.token_ids(sync_client.wait_generate(h)) for h in gens]
+            sync_client.wait_filled(h)
+        together = [sync_client.token_ids(sync_client.wait(h)) for h in gens]
         assert together == alone
         stats = engine.stats()
         assert stats.num_steps > 0
@@ -94,14 +98,14 @@ def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_folder: Path) ->
         prompts = [prompt(30 + i, 40) for i in range(4)]
         alone = []
         for i, p in enumerate(prompts):
-            sync_client.fill(engine, FillRequest(context_id=f"a{i}", token_ids=p))
+            sync_client.extend_only(engine, ExtendRequest(context_id=f"a{i}", token_ids=p))
             alone.append(gen(engine, f"a{i}"))
-            engine.free_context(FreeContextRequest(context_id=f"a{i}"))
+            engine.free(FreeContextRequest(context_id=f"a{i}"))
         handles = []
         for i, p in enumerate(prompts):
-            sync_client.submit_fill(engine, FillRequest(context_id=f"b{i}", token_ids=p))
-            handles.append(sync_client.submit_generate(engine, GenerateRequest(context_id=f"b{i}", sampling=GREEDY)))
-        assert [sync_client.token_ids(sync_client.wait_generate(h)) for h in handles] == alone
+            sync_client.submit(engine, ExtendRequest(context_id=f"b{i}", token_ids=p))
+            handles.append(sync_client.submit(engine, ExtendRequest(context_id=f"b{i}", append=True, sampling=GREEDY)))
+        assert [sync_client.token_ids(sync_client.wait(h)) for h in handles] == alone
     finally:
         engine.stop()
 
@@ -111,13 +115,13 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model_folder: Path)
     try:
         p = prompt(5, 20)
         params = SamplingParams(max_tokens=10, temperature=0.8, top_k=50, top_p=0.9, seed=1234, ignore_eos=True)
-        sync_client.fill(engine, FillRequest(context_id="s", token_ids=p))
+        sync_client.extend_only(engine, ExtendRequest(context_id="s", token_ids=p))
         first = gen(engine, "s1", params, parent="s")
         # Same seed while batched with other sampled work: same tokens.
         others = [
-            sync_client.submit_generate(
+            sync_client.submit(
                 engine,
-                GenerateRequest(
+                ExtendRequest(
                     context_id=f"o{i}", parent_context_id="s", sampling=params.model_copy(update={"seed": i})
                 ),
             )
@@ -125,7 +129,7 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model_folder: Path)
         ]
         again = gen(engine, "s2", params, parent="s")
         for h in others:
-            sync_client.wait_generate(h)
+            sync_client.wait(h)
         assert again == first
         assert len(first) == 10
     finally:
@@ -136,14 +140,14 @@ def test_stop_strings_tokens_and_logprobs(tiny_model_folder: Path) -> None:
     engine = make_engine(tiny_model_folder)
     try:
         p = prompt(7, 9)
-        sync_client.fill(engine, FillRequest(context_id="x", token_ids=p))
-        free_run = sync_client.generate(engine, GenerateRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
+        sync_client.extend_only(engine, ExtendRequest(context_id="x", token_ids=p))
+        free_run = sync_client.extend(engine, ExtendRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
         ids = sync_client.token_ids(free_run)
         assert all(e.logprob is not None and e.logprob <= 0.0 for e in free_run)
         # Stop at the third generated token id (included, finish "stop").
         stop_tok = SamplingParams(max_tokens=12, ignore_eos=True, stop_token_ids=[ids[2]])
         first_hit = ids.index(ids[2]) + 1
-        events = sync_client.generate(engine, GenerateRequest(context_id="z", parent_context_id="x", sampling=stop_tok))
+        events = sync_client.extend(engine, ExtendRequest(context_id="z", parent_context_id="x", sampling=stop_tok))
         assert sync_client.token_ids(events) == ids[:first_hit]
         assert events[-1].finish_reason == "stop"
         # A stop string made of the text of tokens 3..4: the output text ends before it.
@@ -151,7 +155,7 @@ def test_stop_strings_tokens_and_logprobs(tiny_model_folder: Path) -> None:
         stop = engine.tokenizer.decode(ids[3:5])
         if stop and stop in text:
             sp = SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop])
-            ev = sync_client.generate(engine, GenerateRequest(context_id="w", parent_context_id="x", sampling=sp))
+            ev = sync_client.extend(engine, ExtendRequest(context_id="w", parent_context_id="x", sampling=sp))
             assert "".join(e.text for e in ev) == text[: text.index(stop)]
             assert ev[-1].finish_reason == "stop"
         assert free_run[-1].finish_reason == "length"
@@ -160,21 +164,21 @@ def test_stop_strings_tokens_and_logprobs(tiny_model_folder: Path) -> None:
 
 
 def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_folder: Path) -> None:
-    """Fill + Generate submitted together take one step fewer and give the same tokens."""
+    """A fill and a generation submitted together take one step fewer and give the same tokens."""
     engine = make_engine(tiny_model_folder, block_size=16)
     try:
         p = prompt(7, 40)
         steps0 = engine.stats().num_steps
-        sync_client.fill(engine, FillRequest(context_id="apart", token_ids=p))
+        sync_client.extend_only(engine, ExtendRequest(context_id="apart", token_ids=p))
         apart = gen(engine, "apart")
         steps_apart = engine.stats().num_steps - steps0
 
         before = engine.stats()
         steps0 = before.num_steps
-        fill = sync_client.submit_fill(engine, FillRequest(context_id="together", token_ids=p))
-        generate = sync_client.submit_generate(engine, GenerateRequest(context_id="together", sampling=GREEDY))
-        result = sync_client.wait_fill(fill)
-        together = sync_client.token_ids(sync_client.wait_generate(generate))
+        fill = sync_client.submit(engine, ExtendRequest(context_id="together", token_ids=p))
+        generate = sync_client.submit(engine, ExtendRequest(context_id="together", append=True, sampling=GREEDY))
+        result = sync_client.wait_filled(fill)
+        together = sync_client.token_ids(sync_client.wait(generate))
         assert together == apart
         after = engine.stats()
         assert after.num_steps - steps0 == steps_apart - 1
@@ -186,16 +190,16 @@ def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_f
 
         # A one-token generation ends in the fill's step.
         steps0 = engine.stats().num_steps
-        sync_client.submit_fill(engine, FillRequest(context_id="one", token_ids=p))
+        sync_client.submit(engine, ExtendRequest(context_id="one", token_ids=p))
         one = SamplingParams(max_tokens=1, ignore_eos=True)
-        events = sync_client.wait_generate(
-            sync_client.submit_generate(engine, GenerateRequest(context_id="one", sampling=one))
+        events = sync_client.wait(
+            sync_client.submit(engine, ExtendRequest(context_id="one", append=True, sampling=one))
         )
         assert [e.token_id for e in events] == apart[:1] and events[-1].finish_reason == "length"
         assert engine.stats().num_steps - steps0 == 1
         assert engine.context_info("one").num_tokens == 41
         for cid in ["apart", "together", "one"]:
-            engine.free_context(FreeContextRequest(context_id=cid))
+            engine.free(FreeContextRequest(context_id=cid))
         assert engine.stats().num_contexts == 0
     finally:
         engine.stop()
@@ -204,23 +208,23 @@ def test_fill_hands_its_last_token_to_the_generate_queued_behind_it(tiny_model_f
 def test_step_trace_records_each_step_by_kind(tiny_model_folder: Path) -> None:
     engine = make_engine(tiny_model_folder, block_size=16, max_num_batched_tokens=64)
     try:
-        sync_client.fill(engine, FillRequest(context_id="warm", token_ids=prompt(1, 10)))
+        sync_client.extend_only(engine, ExtendRequest(context_id="warm", token_ids=prompt(1, 10)))
         engine.start_trace()
         # 100 prompt tokens in steps of <= 64, then 5 generated tokens: the fill's last chunk
         # samples the first (a hand-over), 4 decode steps follow. Both are queued before the
         # loop runs again, so the hand-over is certain.
         engine.stop()
-        sync_client.submit_fill(engine, FillRequest(context_id="t", token_ids=prompt(2, 100)))
+        sync_client.submit(engine, ExtendRequest(context_id="t", token_ids=prompt(2, 100)))
         sampling = SamplingParams(max_tokens=5, ignore_eos=True)
-        handle = sync_client.submit_generate(engine, GenerateRequest(context_id="t", sampling=sampling))
+        handle = sync_client.submit(engine, ExtendRequest(context_id="t", append=True, sampling=sampling))
         engine.start()
-        sync_client.wait_generate(handle)
+        sync_client.wait(handle)
         trace = engine.stop_trace()
         kinds = [(r.num_decode, r.num_prefill_tokens) for r in trace]
         assert kinds == [(0, 64), (0, 36), (1, 0), (1, 0), (1, 0), (1, 0)]
         assert all(r.elapsed_s > 0 and r.num_seqs == 1 for r in trace)
         assert [r.started for r in trace] == sorted(r.started for r in trace)
-        sync_client.fill(engine, FillRequest(context_id="after", token_ids=prompt(3, 10)))
+        sync_client.extend_only(engine, ExtendRequest(context_id="after", token_ids=prompt(3, 10)))
         assert engine.stop_trace() == []  # stopped: nothing more is recorded
     finally:
         engine.stop()
@@ -235,15 +239,15 @@ def test_a_trace_inside_a_profilers_trace_leaves_it_whole(tiny_model_folder: Pat
     server = type("Server", (), {"engine": type("Async", (), {"engine": engine})()})()
     try:
         assert engine.start_trace()  # the profiler's
-        sync_client.fill(engine, FillRequest(context_id="a", token_ids=prompt(1, 10)))
+        sync_client.extend_only(engine, ExtendRequest(context_id="a", token_ids=prompt(1, 10)))
         inner = step_kinds.start(server)
         assert inner == (engine, 1)  # a trace was on, with one step: kept
-        sync_client.fill(engine, FillRequest(context_id="b", token_ids=prompt(2, 100)))
+        sync_client.extend_only(engine, ExtendRequest(context_id="b", token_ids=prompt(2, 100)))
         assert step_kinds.stop(inner)["prefill"]["steps"] == 2  # its own steps only
         assert [r.num_prefill_tokens for r in engine.stop_trace()] == [9, 64, 35]  # the outer trace, whole
         inner = step_kinds.start(server)  # no trace on: its own, ended by stop
         assert inner == (engine, -1)
-        sync_client.fill(engine, FillRequest(context_id="c", token_ids=prompt(3, 10)))
+        sync_client.extend_only(engine, ExtendRequest(context_id="c", token_ids=prompt(3, 10)))
         assert step_kinds.stop(inner)["prefill"]["steps"] == 1 and engine.stop_trace() == []
     finally:
         engine.stop()

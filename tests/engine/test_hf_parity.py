@@ -12,7 +12,7 @@ from parrot.engine import kernels, sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.kernels import library
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -39,12 +39,12 @@ def test_greedy_tokens_equal_transformers(default_model_folder: Path) -> None:
         sampling = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
         # All prompts at once: batching and ragged lengths must not change any token.
         for i, p in enumerate(prompts):
-            sync_client.submit_fill(engine, FillRequest(context_id=f"q{i}", token_ids=p))
+            sync_client.submit(engine, ExtendRequest(context_id=f"q{i}", token_ids=p))
         handles = [
-            sync_client.submit_generate(engine, GenerateRequest(context_id=f"q{i}", sampling=sampling))
+            sync_client.submit(engine, ExtendRequest(context_id=f"q{i}", append=True, sampling=sampling))
             for i in range(len(prompts))
         ]
-        ours = [sync_client.token_ids(sync_client.wait_generate(h)) for h in handles]
+        ours = [sync_client.token_ids(sync_client.wait(h)) for h in handles]
     finally:
         engine.stop()
 
@@ -99,9 +99,11 @@ def test_bf16_native_kernels_keep_the_greedy_answer(default_model_folder: Path) 
         assert engine.stats().native_kernels == kernels.status()
         tok = engine.tokenizer
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]))
-        sync_client.fill(engine, FillRequest(context_id="q", token_ids=ids))
+        sync_client.extend_only(engine, ExtendRequest(context_id="q", token_ids=ids))
         sampling = SamplingParams(max_tokens=16, ignore_eos=True)
-        ours = sync_client.token_ids(sync_client.generate(engine, GenerateRequest(context_id="q", sampling=sampling)))
+        ours = sync_client.token_ids(
+            sync_client.extend(engine, ExtendRequest(context_id="q", append=True, sampling=sampling))
+        )
     finally:
         engine.stop()
     hf = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.bfloat16).eval()

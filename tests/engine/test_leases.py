@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.leases import LeaseKeeper, LeaseTable
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, LeaseRequest
+from parrot.protocol.engine_api import ExtendRequest, FreeContextRequest, LeaseRequest
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.errors import conflict
 
 
@@ -54,7 +55,7 @@ def test_an_engine_frees_an_expired_leases_contexts_and_keeps_the_rest(tiny_mode
 
     async def main() -> None:  # the engine server's lease route calls `engine.leases.renew`
         for context_id in ("s-run1-x.c0", "pfx-run1-0-abc", "pfx-run2-0-abc", "mine"):
-            await engine.fill(FillRequest(context_id=context_id, token_ids=list(range(1, 40))))
+            await extend_only(engine, ExtendRequest(context_id=context_id, token_ids=list(range(1, 40))))
         lease = LeaseRequest(prefixes=["s-run1-", "pfx-run1-"], ttl_s=0.3)
         engine.leases.renew(lease)
         engine.leases.renew(LeaseRequest(prefixes=["pfx-run2-"], ttl_s=60))
@@ -64,8 +65,8 @@ def test_an_engine_frees_an_expired_leases_contexts_and_keeps_the_rest(tiny_mode
         assert len(engine.engine.context_ids(("",))) == 4
         await asyncio.sleep(0.6)  # the holder is gone
         assert sorted(engine.engine.context_ids(("",))) == ["mine", "pfx-run2-0-abc"]
-        await engine.free_context(FreeContextRequest(context_id="mine"))
-        await engine.free_context(FreeContextRequest(context_id="pfx-run2-0-abc"))
+        await engine.free(FreeContextRequest(context_id="mine"))
+        await engine.free(FreeContextRequest(context_id="pfx-run2-0-abc"))
         stats = await engine.stats()
         assert [stats.num_contexts, stats.num_blocks_free] == [0, stats.num_blocks_total]
         await engine.leases.stop()

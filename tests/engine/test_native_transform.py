@@ -20,7 +20,7 @@ from parrot.engine.kv.cache import KVCache
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.model.llama import LlamaModel
 from parrot.engine.model.loader import load_model, write_tiny_model
-from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="no AVX512-BF16 CPU or no C compiler")
 
@@ -84,9 +84,11 @@ def test_float32_models_are_left_alone(tiny_model_folder: Path) -> None:
 
 
 def greedy(engine: LLMEngine, ids: list[int]) -> list[int]:
-    sync_client.fill(engine, FillRequest(context_id="c", token_ids=ids))
+    sync_client.extend_only(engine, ExtendRequest(context_id="c", token_ids=ids))
     sampling = SamplingParams(max_tokens=8, ignore_eos=True)
-    tokens = sync_client.token_ids(sync_client.generate(engine, GenerateRequest(context_id="c", sampling=sampling)))
+    tokens = sync_client.token_ids(
+        sync_client.extend(engine, ExtendRequest(context_id="c", append=True, sampling=sampling))
+    )
     return tokens
 
 

@@ -16,7 +16,7 @@ import pytest
 from parrot.engine import llm_engine, sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.openmp import SPIN_COUNT, on_passing_thread, passing_thread, prefer_spinning
-from parrot.protocol import FillRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 
 def test_the_wait_policy_is_set_only_when_nobody_chose_one_and_torch_is_not_loaded() -> None:
@@ -138,7 +138,7 @@ def test_an_idle_loop_thread_ends_beside_another_engine_and_the_next_request_sta
     engine, other = llm_engine.LLMEngine(cfg), llm_engine.LLMEngine(cfg)
     engine.start()
     try:
-        sync_client.fill(engine, FillRequest(context_id="a", token_ids=[5, 6, 7, 8]))
+        sync_client.extend_only(engine, ExtendRequest(context_id="a", token_ids=[5, 6, 7, 8]))
         first = engine._thread
         assert first is not None
         time.sleep(0.3)  # alone in the process: an idle engine keeps its thread (no restart to pay)
@@ -147,8 +147,8 @@ def test_an_idle_loop_thread_ends_beside_another_engine_and_the_next_request_sta
         assert wait_until(lambda: engine._thread is None and not first.is_alive())
         with pytest.raises(RuntimeError, match="loop thread stopped"):
             engine.step()  # started: the loop owns the steps even while no thread runs
-        req = GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=3, ignore_eos=True))
-        events = sync_client.wait_generate(sync_client.submit_generate(engine, req), timeout=30)
+        req = ExtendRequest(context_id="a", append=True, sampling=SamplingParams(max_tokens=3, ignore_eos=True))
+        events = sync_client.wait(sync_client.submit(engine, req), timeout=30)
         assert [e.finish_reason for e in events] == [None, None, "length"]
         assert engine._thread is not first
         assert wait_until(lambda: engine._thread is None)
@@ -158,8 +158,8 @@ def test_an_idle_loop_thread_ends_beside_another_engine_and_the_next_request_sta
     assert engine._thread is None
     engine.start()  # stopped and started again: it serves, and alone it keeps its thread
     try:
-        req = GenerateRequest(context_id="a", sampling=SamplingParams(max_tokens=2, ignore_eos=True))
-        events = sync_client.wait_generate(sync_client.submit_generate(engine, req), timeout=30)
+        req = ExtendRequest(context_id="a", append=True, sampling=SamplingParams(max_tokens=2, ignore_eos=True))
+        events = sync_client.wait(sync_client.submit(engine, req), timeout=30)
         assert [e.finish_reason for e in events] == [None, "length"]
         time.sleep(0.3)
         assert engine._thread is not None and engine._thread.is_alive()
@@ -175,7 +175,7 @@ def test_an_idle_engine_keeps_no_openmp_team_in_the_process(default_model_folder
         "import os, time, torch\n"
         "from parrot.engine import sync_client, llm_engine\n"
         "from parrot.engine.config import EngineConfig\n"
-        "from parrot.protocol import FillRequest\n"
+        "from parrot.protocol import ExtendRequest\n"
         "llm_engine.IDLE_EXIT_S = 0.05\n"
         "torch.set_num_threads(2)\n"
         f"cfg = EngineConfig(model={str(default_model_folder)!r}, num_threads=2, num_blocks=64)\n"
@@ -184,7 +184,7 @@ def test_an_idle_engine_keeps_no_openmp_team_in_the_process(default_model_folder
         "before = len(os.listdir('/proc/self/task'))\n"
         "for i, e in enumerate(engines):\n"
         "    e.start()\n"
-        "    sync_client.fill(e, FillRequest(context_id='c', token_ids=list(range(100, 164))))\n"
+        "    sync_client.extend_only(e, ExtendRequest(context_id='c', token_ids=list(range(100, 164))))\n"
         "busy = len(os.listdir('/proc/self/task'))\n"
         f"{BACK_TO_BEFORE}"
         "print(before, busy, len(os.listdir('/proc/self/task')))\n"

@@ -16,7 +16,7 @@ from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
 from parrot.engine.logits import adjust, observe, start_history
 from parrot.engine.sampler import SampleRow
-from parrot.protocol import GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 from parrot.protocol.errors import ParrotError
 
 SCHEMA = {
@@ -36,8 +36,8 @@ def engine(tiny_model_folder: Path) -> object:
 
 
 def run(engine: LLMEngine, ctx: str, sampling: SamplingParams, prompt: list[int] | None = None):  # type: ignore[no-untyped-def]
-    req = GenerateRequest(context_id=ctx, token_ids=prompt or [5, 6, 7, 8], sampling=sampling)
-    return sync_client.generate(engine, req)
+    req = ExtendRequest(context_id=ctx, token_ids=prompt or [5, 6, 7, 8], sampling=sampling)
+    return sync_client.extend(engine, req)
 
 
 def text(events: list) -> str:  # type: ignore[type-arg]
@@ -89,12 +89,12 @@ def test_logit_bias_forces_a_token(engine: LLMEngine) -> None:
 def batch(engine: LLMEngine, tag: str, params: list[SamplingParams]) -> list:  # type: ignore[type-arg]
     """All queued before the first step (the engine's loop is stopped), then stepped to the end."""
     handles = [
-        sync_client.submit_generate(engine, GenerateRequest(context_id=f"{tag}{i}", token_ids=[9, 10, 11], sampling=p))
+        sync_client.submit(engine, ExtendRequest(context_id=f"{tag}{i}", token_ids=[9, 10, 11], sampling=p))
         for i, p in enumerate(params)
     ]
     while engine.step():
         pass
-    return [sync_client.wait_generate(h) for h in handles]
+    return [sync_client.wait(h) for h in handles]
 
 
 def test_a_request_does_not_depend_on_adjusted_neighbours(tiny_model_folder: Path) -> None:

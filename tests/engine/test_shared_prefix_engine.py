@@ -14,7 +14,7 @@ import torch
 from parrot.engine.attention.shared_prefix_backend import SharedPrefixAttention
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, TokenEvent
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.sampling import SamplingParams
 
@@ -24,9 +24,9 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, 40000) for _ in range(n)]
 
 
-def submit(engine: LLMEngine, submit: str, req: FillRequest | GenerateRequest) -> queue.Queue:
+def submit(engine: LLMEngine, req: ExtendRequest) -> queue.Queue:
     events: queue.Queue = queue.Queue()
-    getattr(engine, submit)(req, events.put)
+    engine.submit_extend(req, events.put)
     return events
 
 
@@ -37,9 +37,10 @@ def drain(events: queue.Queue) -> list[tuple[int, float]]:
         ev = events.get(timeout=300)
         if isinstance(ev, ParrotError):
             raise ev
-        if isinstance(ev, FillResult):
+        assert isinstance(ev, TokenEvent)
+        if ev.finish_reason == "filled":
             return tokens
-        assert isinstance(ev, TokenEvent) and ev.token_id is not None and ev.logprob is not None
+        assert ev.token_id is not None and ev.logprob is not None
         tokens.append((ev.token_id, ev.logprob))
         if ev.finish_reason is not None:
             return tokens
@@ -49,17 +50,17 @@ def generate_forks(
     engine: LLMEngine, prefix: list[int], docs: list[list[int]], turns: list[list[int]], max_tokens: int
 ) -> list[list[tuple[int, float]]]:
     """A system prompt, documents forked from it, turns forked from each; all turns decode together."""
-    drain(submit(engine, "submit_fill", FillRequest(context_id="sys", token_ids=prefix)))
+    drain(submit(engine, ExtendRequest(context_id="sys", token_ids=prefix)))
     for d, doc in enumerate(docs):
-        drain(submit(engine, "submit_fill", FillRequest(context_id=f"doc{d}", token_ids=doc, parent_context_id="sys")))
+        drain(submit(engine, ExtendRequest(context_id=f"doc{d}", token_ids=doc, parent_context_id="sys")))
     parents = [f"doc{d}" for d in range(len(docs))] + ["sys"]
     leaves = []
     for i, turn in enumerate(turns):
         leaves.append(f"turn{i}")
-        req = FillRequest(context_id=leaves[-1], token_ids=turn, parent_context_id=parents[i % len(parents)])
-        drain(submit(engine, "submit_fill", req))
+        req = ExtendRequest(context_id=leaves[-1], token_ids=turn, parent_context_id=parents[i % len(parents)])
+        drain(submit(engine, req))
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    handles = [submit(engine, "submit_generate", GenerateRequest(context_id=c, sampling=sampling)) for c in leaves]
+    handles = [submit(engine, ExtendRequest(context_id=c, append=True, sampling=sampling)) for c in leaves]
     return [drain(h) for h in handles]
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from parrot.engine import sync_client
 from parrot.engine.config import EngineConfig
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, SamplingParams
 
 SAMPLING = SamplingParams(max_tokens=5, ignore_eos=True)
-FLOOD = GenerateRequest(context_id="flood", token_ids=[7 + i % 50 for i in range(300)], sampling=SAMPLING)
-VICTIM = GenerateRequest(context_id="victim", token_ids=[11, 12, 13], sampling=SAMPLING, priority=2)
+FLOOD = ExtendRequest(context_id="flood", token_ids=[7 + i % 50 for i in range(300)], sampling=SAMPLING)
+VICTIM = ExtendRequest(context_id="victim", token_ids=[11, 12, 13], sampling=SAMPLING, priority=2)
 
 
 def make_engine(folder: Path) -> LLMEngine:
@@ -21,12 +21,12 @@ def make_engine(folder: Path) -> LLMEngine:
 
 
 def tokens(handle: sync_client.Handle) -> list[int]:
-    return [e.token_id for e in sync_client.wait_generate(handle, timeout=5) if e.token_id is not None]
+    return [e.token_id for e in sync_client.wait(handle, timeout=5) if e.token_id is not None]
 
 
-def alone(folder: Path, req: GenerateRequest) -> list[int]:
+def alone(folder: Path, req: ExtendRequest) -> list[int]:
     engine = make_engine(folder)
-    handle = sync_client.submit_generate(engine, req)
+    handle = sync_client.submit(engine, req)
     while engine.step():
         pass
     return tokens(handle)
@@ -35,13 +35,13 @@ def alone(folder: Path, req: GenerateRequest) -> list[int]:
 def test_a_better_tier_arrival_interrupts_a_long_step_and_nothing_changes(tiny_model_folder: Path) -> None:
     engine = make_engine(tiny_model_folder)
     engine.start_trace()
-    flood = sync_client.submit_generate(engine, FLOOD)
+    flood = sync_client.submit(engine, FLOOD)
     arrivals: list[sync_client.Handle] = []
     run = engine.runner.run
 
     def arrive_mid_step(seqs, interrupt=None):  # type: ignore[no-untyped-def]
         if not arrivals:  # the victim comes while the flood's prompt is being computed
-            arrivals.append(sync_client.submit_generate(engine, VICTIM))
+            arrivals.append(sync_client.submit(engine, VICTIM))
         return run(seqs, interrupt)
 
     engine.runner.run = arrive_mid_step  # type: ignore[method-assign]

@@ -1,5 +1,5 @@
 """A stop string leaves the context holding exactly the output's text: the tokens it touches are
-cut, the text before it in the first of them is re-tokenized, and a later Fill continues there
+cut, the text before it in the first of them is re-tokenized, and a later fill continues there
 with KV as correct as a fresh fill of the same tokens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from test_engine_correctness import GREEDY, make_engine, prompt
 
 from parrot.engine import sync_client
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol import FillRequest, FreeContextRequest, GenerateRequest, SamplingParams
+from parrot.protocol import ExtendRequest, FreeContextRequest, SamplingParams
 from parrot.text import Tokenizer, cut_to_text
 
 
@@ -23,9 +23,7 @@ def token_texts(engine: LLMEngine, ids: list[int]) -> list[str]:
 def generate_with_stop(engine: LLMEngine, context_id: str, stop: str) -> tuple[str, list[int], list[int]]:
     """(text, the last event's output_token_ids, the context's tokens) of a greedy run with `stop`."""
     sampling = SamplingParams(max_tokens=GREEDY.max_tokens, ignore_eos=True, stop=[stop])
-    events = sync_client.generate(
-        engine, GenerateRequest(context_id=context_id, parent_context_id="x", sampling=sampling)
-    )
+    events = sync_client.extend(engine, ExtendRequest(context_id=context_id, parent_context_id="x", sampling=sampling))
     assert events[-1].finish_reason == "stop"
     assert all(e.output_token_ids is None for e in events[:-1])
     assert events[-1].output_token_ids is not None
@@ -37,8 +35,8 @@ def test_a_stop_string_is_cut_out_of_the_context(tiny_model_folder: Path) -> Non
     try:
         start_free = engine.stats().num_blocks_free
         p = prompt(7, 9)
-        sync_client.fill(engine, FillRequest(context_id="x", token_ids=p))
-        free_run = sync_client.generate(engine, GenerateRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
+        sync_client.extend_only(engine, ExtendRequest(context_id="x", token_ids=p))
+        free_run = sync_client.extend(engine, ExtendRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
         ids = sync_client.token_ids(free_run)
         assert free_run[-1].output_token_ids == ids  # a length finish keeps every token
         text = "".join(e.text for e in free_run)
@@ -65,16 +63,16 @@ def test_a_stop_string_is_cut_out_of_the_context(tiny_model_folder: Path) -> Non
         got_text, output_ids, tokens = generate_with_stop(engine, "edge", pieces[i] + pieces[i + 1])
         assert [got_text, output_ids, tokens] == [before, ids[:i], p + ids[:i]]
 
-        # A Fill after the cut continues as a fresh context of the same tokens does.
+        # A fill after the cut continues as a fresh context of the same tokens does.
         more = prompt(8, 6)
-        sync_client.fill(engine, FillRequest(context_id="mid", token_ids=more, append=True))
+        sync_client.extend_only(engine, ExtendRequest(context_id="mid", token_ids=more, append=True))
         mid_tokens = list(engine.contexts.get("mid").tokens)
-        sync_client.fill(engine, FillRequest(context_id="fresh", token_ids=mid_tokens))
-        cont = sync_client.generate(engine, GenerateRequest(context_id="mid", sampling=GREEDY))
-        fresh = sync_client.generate(engine, GenerateRequest(context_id="fresh", sampling=GREEDY))
+        sync_client.extend_only(engine, ExtendRequest(context_id="fresh", token_ids=mid_tokens))
+        cont = sync_client.extend(engine, ExtendRequest(context_id="mid", append=True, sampling=GREEDY))
+        fresh = sync_client.extend(engine, ExtendRequest(context_id="fresh", append=True, sampling=GREEDY))
         assert sync_client.token_ids(cont) == sync_client.token_ids(fresh)
         for cid in ["x", "y", "mid", "edge", "fresh"]:
-            engine.free_context(FreeContextRequest(context_id=cid))
+            engine.free(FreeContextRequest(context_id=cid))
         assert engine.stats().num_blocks_free == start_free
     finally:
         engine.stop()
@@ -84,13 +82,13 @@ def test_eos_is_not_appended_and_the_context_matches_the_report(tiny_model_folde
     engine = make_engine(tiny_model_folder)
     try:
         p = prompt(7, 9)
-        sync_client.fill(engine, FillRequest(context_id="x", token_ids=p))
-        free_run = sync_client.generate(engine, GenerateRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
+        sync_client.extend_only(engine, ExtendRequest(context_id="x", token_ids=p))
+        free_run = sync_client.extend(engine, ExtendRequest(context_id="y", parent_context_id="x", sampling=GREEDY))
         ids = sync_client.token_ids(free_run)
         # Make the fourth generated token the EOS: it ends the output and stays out of the context.
         engine.eos_ids = frozenset({ids[3]})
         sampling = SamplingParams(max_tokens=GREEDY.max_tokens)
-        events = sync_client.generate(engine, GenerateRequest(context_id="z", parent_context_id="x", sampling=sampling))
+        events = sync_client.extend(engine, ExtendRequest(context_id="z", parent_context_id="x", sampling=sampling))
         first = ids.index(ids[3])
         assert events[-1].finish_reason == "eos"
         assert events[-1].output_token_ids == ids[:first]

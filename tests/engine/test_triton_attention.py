@@ -30,7 +30,7 @@ from parrot.engine.kv.block_pool import BlockPool
 from parrot.engine.kv.cache import KVCache
 from parrot.engine.kv.context import Context, ContextTable
 from parrot.engine.llm_engine import LLMEngine
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, TokenEvent
 from parrot.protocol.sampling import SamplingParams
 
 
@@ -150,11 +150,13 @@ def test_engine_with_triton_backend(tiny_model_folder: Path, monkeypatch: pytest
         engine = LLMEngine(config)
         engine.start()
         try:
-            run(engine, "submit_fill", FillRequest(context_id="sys", token_ids=prefix))
+            run(engine, ExtendRequest(context_id="sys", token_ids=prefix))
             for i, turn in enumerate(turns):
-                run(engine, "submit_fill", FillRequest(context_id=f"t{i}", token_ids=turn, parent_context_id="sys"))
+                run(engine, ExtendRequest(context_id=f"t{i}", token_ids=turn, parent_context_id="sys"))
             sampling = SamplingParams(max_tokens=3, ignore_eos=True)
-            handles = [submit(engine, GenerateRequest(context_id=f"t{i}", sampling=sampling)) for i in range(3)]
+            handles = [
+                submit(engine, ExtendRequest(context_id=f"t{i}", append=True, sampling=sampling)) for i in range(3)
+            ]
             results.append([collect(h) for h in handles])
         finally:
             engine.stop()
@@ -164,16 +166,16 @@ def test_engine_with_triton_backend(tiny_model_folder: Path, monkeypatch: pytest
     torch.testing.assert_close(torch.tensor(results[1]), torch.tensor(results[0]), atol=1e-4, rtol=0)
 
 
-def submit(engine: LLMEngine, req: GenerateRequest) -> queue.Queue:
+def submit(engine: LLMEngine, req: ExtendRequest) -> queue.Queue:
     events: queue.Queue = queue.Queue()
-    engine.submit_generate(req, events.put)
+    engine.submit_extend(req, events.put)
     return events
 
 
-def run(engine: LLMEngine, method: str, req: FillRequest) -> None:
+def run(engine: LLMEngine, req: ExtendRequest) -> None:
     events: queue.Queue = queue.Queue()
-    getattr(engine, method)(req, events.put)
-    assert isinstance(events.get(timeout=300), FillResult)
+    engine.submit_extend(req, events.put)
+    assert events.get(timeout=300).finish_reason == "filled"
 
 
 def collect(events: queue.Queue) -> list[tuple[int, float]]:

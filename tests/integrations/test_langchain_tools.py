@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from parrot.backends.connect import connect_engine
 from parrot.frontend import ParrotError, Session
 from parrot.integrations.langchain import ChatParrot
-from parrot.protocol.engine_api import GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, TokenEvent
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import create_app, create_manager
 
@@ -61,9 +61,10 @@ class RecordingFake(FakeEngine):
         self.requests[-1] = (self.requests[-1][0], prompt)
         return scripted(prompt)
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        self.requests.append((req.sampling, ""))
-        async for event in super().generate(req):
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        if req.sampling is not None:
+            self.requests.append((req.sampling, ""))
+        async for event in super().extend(req):
             yield event
 
 

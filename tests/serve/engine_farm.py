@@ -2,7 +2,7 @@
 
 `farm(folder, n)` starts n engines (each its own AsyncEngine and uvicorn ServerThread on
 127.0.0.1:0); stopping one's ServerThread mid-run is how a test kills an engine. `reference`
-generates directly on an engine (fill, generate, free): the oracle for a call's output.
+generates directly on an engine (fill, generate, free: two Extends and a Free): the oracle for a call's output.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.engine.server.app import create_engine_app
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest
+from parrot.protocol.engine_api import ExtendRequest, FreeContextRequest
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.sampling import SamplingParams
 from parrot.web.server_thread import ServerThread
 
@@ -57,7 +58,8 @@ def farm(folder: Path, num_engines: int) -> Iterator[list[ServedEngine]]:
 
 async def reference(engine: AsyncEngine, token_ids: list[int], sampling: SamplingParams) -> str:
     context_id = f"ref-{uuid.uuid4().hex}"
-    await engine.fill(FillRequest(context_id=context_id, token_ids=token_ids))
-    text = "".join([e.text async for e in engine.generate(GenerateRequest(context_id=context_id, sampling=sampling))])
-    await engine.free_context(FreeContextRequest(context_id=context_id))
+    await extend_only(engine, ExtendRequest(context_id=context_id, token_ids=token_ids))
+    generation = ExtendRequest(context_id=context_id, append=True, sampling=sampling)
+    text = "".join([e.text async for e in engine.extend(generation)])
+    await engine.free(FreeContextRequest(context_id=context_id))
     return text

@@ -5,29 +5,31 @@ for the text, tokenizes it, and streams it token by token (stop strings and max_
 appending the tokens to the context as the real engine does: a stop string's tokens are sampled,
 then cut out (the text before it re-tokenized); the end of the text is an EOS (a last event
 without a token); the last event says what the context holds. Every
-request is logged with a timestamp so tests can assert on order; a Generate carrying its fill
-(token_ids) logs that part as "generate-fill". The real engine replaces it in the integration tests.
+request is logged with a timestamp so tests can assert on order: an Extend without sampling as
+"fill"; one with sampling logs its tokens (if any) as "generate-fill", then "generate". The real
+engine replaces it in the integration tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
+    Filled,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
     check_context_ids,
 )
 from parrot.protocol.errors import ParrotError
+from parrot.protocol.sampling import SamplingParams
 from parrot.text import IncrementalDecoder, Tokenizer, cut_to_text
 
 
@@ -74,30 +76,37 @@ class FakeEngine:
             self.contexts[context_id] = list(self.contexts[parent_context_id])
         return self.contexts.setdefault(context_id, [])
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        await asyncio.sleep(0)
-        return self._fill(req, "fill")
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        if req.sampling is None or req.token_ids:
+            await asyncio.sleep(0)  # tokens go in after a turn of the loop, as over a connection
+        if req.sampling is None:
+            yield TokenEvent(token_id=None, finish_reason="filled", filled=self._fill(req, "fill"))
+            return
+        filled = self._fill(req, "generate-fill") if req.token_ids else None  # one request, logged in two parts
+        if filled is None:
+            check_context_ids(self.contexts, req)
+        tokens = self._context(req.context_id, None if filled is not None else req.parent_context_id)
+        if not tokens:
+            raise ParrotError("empty context", field="context_id")
+        async with contextlib.aclosing(self._generate(req.context_id, req.sampling, tokens)) as events:
+            async for event in events:
+                yield event if filled is None else event.model_copy(update={"filled": filled})
+                filled = None
 
-    def _fill(self, req: FillRequest, op: str) -> FillResult:
-        check_context_ids(self.contexts, req.context_id, req.parent_context_id, req.append, not req.append)
+    def _fill(self, req: ExtendRequest, op: str) -> Filled:
+        check_context_ids(self.contexts, req)
         tokens = self._context(req.context_id, req.parent_context_id)
         if len(tokens) + len(req.token_ids) > self.max_model_len:
             raise ParrotError("too long", field="token_ids")
         tokens.extend(req.token_ids)
         self.log.append((time.monotonic(), op, req.context_id, len(req.token_ids)))
-        return FillResult(context_id=req.context_id, num_tokens=len(tokens), num_filled_tokens=len(req.token_ids))
+        return Filled(num_tokens=len(tokens), num_filled_tokens=len(req.token_ids))
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        fill = req.fill_part()  # one request: logged as "generate-fill", then "generate"
-        if fill is not None:
-            await asyncio.sleep(0)  # as a Fill does
-            self._fill(fill, "generate-fill")
-            req = req.generate_part()
-        tokens = self._context(req.context_id, req.parent_context_id)
-        if not tokens:
-            raise ParrotError("empty context", field="context_id")
-        self.busy.add(req.context_id)
-        self.log.append((time.monotonic(), "generate", req.context_id, len(tokens)))
+    async def _generate(
+        self, context_id: str, sampling: SamplingParams, tokens: list[int]
+    ) -> AsyncGenerator[TokenEvent, None]:
+        self.busy.add(context_id)
+        self.log.append((time.monotonic(), "generate", context_id, len(tokens)))
         try:
             prompt = self.tokenizer.decode(tokens, skip_special_tokens=False)
             if self.fail_generate_when(prompt):
@@ -105,7 +114,7 @@ class FakeEngine:
                 return
             text = self.responder(prompt)
             ids = self.tokenizer.encode(text)  # the model "samples" the whole text, stop strings too
-            hits = sorted((text.index(stop), stop) for stop in req.sampling.stop if stop in text)
+            hits = sorted((text.index(stop), stop) for stop in sampling.stop if stop in text)
             end, stop_end = (hits[0][0], hits[0][0] + len(hits[0][1])) if hits else (len(text), len(text) + 1)
             decoder = IncrementalDecoder(self.tokenizer)
             start, reported, finish = len(tokens), "", "eos"
@@ -116,7 +125,7 @@ class FakeEngine:
                 decoder.push(token_id)
                 event = TokenEvent(token_id=token_id, text=decoder.text[len(reported) : end])
                 reported = decoder.text[:end]
-                if len(decoder.text) >= stop_end or i + 1 == req.sampling.max_tokens:
+                if len(decoder.text) >= stop_end or i + 1 == sampling.max_tokens:
                     finish, last = "stop" if len(decoder.text) >= stop_end else "length", event
                     break
                 yield event
@@ -124,13 +133,13 @@ class FakeEngine:
                 num_kept, tail = cut_to_text(self.tokenizer, tokens[start:], reported)
                 tokens[start + num_kept :] = tail
             yield last.model_copy(update={"finish_reason": finish, "output_token_ids": tokens[start:]})
-            self.log.append((time.monotonic(), "generated", req.context_id, len(tokens) - start))
+            self.log.append((time.monotonic(), "generated", context_id, len(tokens) - start))
         finally:
-            self.busy.discard(req.context_id)
-            if req.context_id in self.free_when_idle:
-                self._free(req.context_id)
+            self.busy.discard(context_id)
+            if context_id in self.free_when_idle:
+                self._free(context_id)
 
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def free(self, req: FreeContextRequest) -> None:
         if req.context_id not in self.contexts:
             raise ParrotError(f"unknown context {req.context_id!r}", status=404, field="context_id")
         if req.context_id in self.free_when_idle:

@@ -7,6 +7,7 @@ Imported by tests/serve/conftest.py and tests/frontend/conftest.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,13 +23,12 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.config import EngineConfig
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
 )
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig, create_app, create_manager
 from parrot.serve.config import SchedulingConfig
@@ -37,7 +37,8 @@ from parrot.web.server_thread import ServerThread
 
 
 class RecordingEngine:
-    """Delegates to an engine and logs (time, op, context_id, num_tokens) of every request;
+    """Delegates to an engine and logs (time, op, context_id, num_tokens) of every request: an
+    Extend without sampling as "fill" (its tokens), one with sampling as "generate" (0);
     "generated" is logged when a generation's last event arrives."""
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -45,21 +46,26 @@ class RecordingEngine:
         self.model_folder = engine.model_folder
         self.log: list[tuple[float, str, str, int]] = []
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        self.log.append((time.monotonic(), "fill", req.context_id, len(req.token_ids)))
-        return await self.engine.fill(req)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        self.log.append((time.monotonic(), "generate", req.context_id, 0))
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        generating = req.sampling is not None
+        self.log.append(
+            (
+                time.monotonic(),
+                "generate" if generating else "fill",
+                req.context_id,
+                0 if generating else len(req.token_ids),
+            )
+        )
         num_tokens = 0
-        async for event in self.engine.generate(req):
-            num_tokens += event.token_id is not None
-            if event.finish_reason is not None:
-                self.log.append((time.monotonic(), "generated", req.context_id, num_tokens))
-            yield event
+        async with contextlib.aclosing(self.engine.extend(req)) as events:  # closed early: the engine aborts
+            async for event in events:
+                num_tokens += event.token_id is not None
+                if generating and event.finish_reason is not None:
+                    self.log.append((time.monotonic(), "generated", req.context_id, num_tokens))
+                yield event
 
-    async def free_context(self, req: FreeContextRequest) -> None:
-        await self.engine.free_context(req)
+    async def free(self, req: FreeContextRequest) -> None:
+        await self.engine.free(req)
         self.log.append((time.monotonic(), "free", req.context_id, 0))
 
     async def stats(self) -> EngineStats:
@@ -124,16 +130,10 @@ class LiveServer:
 
         async def go() -> str:
             context_id = f"oracle-{uuid.uuid4().hex}"
-            await self.engine.engine.fill(FillRequest(context_id=context_id, token_ids=token_ids))
-            text = "".join(
-                [
-                    e.text
-                    async for e in self.engine.engine.generate(
-                        GenerateRequest(context_id=context_id, sampling=sampling)
-                    )
-                ]
-            )
-            await self.engine.engine.free_context(FreeContextRequest(context_id=context_id))
+            await extend_only(self.engine.engine, ExtendRequest(context_id=context_id, token_ids=token_ids))
+            generation = ExtendRequest(context_id=context_id, append=True, sampling=sampling)
+            text = "".join([e.text async for e in self.engine.engine.extend(generation)])
+            await self.engine.engine.free(FreeContextRequest(context_id=context_id))
             return text
 
         return self.call(go())

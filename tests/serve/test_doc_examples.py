@@ -139,12 +139,12 @@ def test_the_manager_metric_table_is_what_the_manager_exports(server: LiveServer
 def test_the_engine_metric_table_is_what_an_engine_server_exports(tiny_engine: AsyncEngine) -> None:
     with ServerThread(create_engine_app(tiny_engine)) as srv:
         fill = {"context_id": "doc-parent", "token_ids": list(range(10, 50))}
-        assert httpx.post(f"{srv.url}/v1/engine/fill", json=fill).status_code == 200
-        body = {"context_id": "doc-parent", "sampling": {"max_tokens": 3, "ignore_eos": True}}
-        with httpx.stream("POST", f"{srv.url}/v1/engine/generate", json=body) as stream:
+        assert httpx.post(f"{srv.url}/v1/engine/extend", json=fill).status_code == 200
+        body = {"context_id": "doc-parent", "append": True, "sampling": {"max_tokens": 3, "ignore_eos": True}}
+        with httpx.stream("POST", f"{srv.url}/v1/engine/extend", json=body) as stream:
             assert len(list(stream.iter_lines())) == 3
         assert httpx.get(f"{srv.url}/v1/engine/stats").status_code == 200
         scraped = exported(httpx.get(f"{srv.url}/metrics").text)
-        httpx.post(f"{srv.url}/v1/engine/free_context", json={"context_id": "doc-parent"})
+        httpx.post(f"{srv.url}/v1/engine/free", json={"context_id": "doc-parent"})
     rows = table(GUIDE.read_text(), ["engine metric", "type", "labels", "meaning"])
     assert documented(rows) == scraped

@@ -13,14 +13,7 @@ import pytest
 from fake_engine import FakeEngine
 from manager_harness import new_session, now, run_manager
 
-from parrot.protocol.engine_api import (
-    EngineStats,
-    FillRequest,
-    FillResult,
-    FreeContextRequest,
-    GenerateRequest,
-    TokenEvent,
-)
+from parrot.protocol.engine_api import EngineStats, ExtendRequest, FreeContextRequest, TokenEvent
 from parrot.protocol.engine_client import EngineUnavailable
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest
 from parrot.serve.config import EnginesConfig, ManagerConfig, SchedulingConfig, SharingConfig
@@ -50,23 +43,19 @@ class MortalEngine(FakeEngine):
         if self.dead:
             raise EngineUnavailable("engine fake is unreachable: ConnectError")
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        self._check()
-        return await super().fill(req)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
         self._check()
         num_tokens = 0
-        async for event in super().generate(req):
-            if self.die_after_tokens is not None and num_tokens == self.die_after_tokens:
+        async for event in super().extend(req):
+            if req.sampling is not None and num_tokens == self.die_after_tokens:
                 self.dead = True
                 self._check()
             num_tokens += 1
             yield event
 
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def free(self, req: FreeContextRequest) -> None:
         self._check()
-        await super().free_context(req)
+        await super().free(req)
 
     async def stats(self) -> EngineStats:
         self._check()
@@ -102,8 +91,8 @@ def test_a_generation_cut_off_by_a_dead_engine_resumes_elsewhere(default_model_f
     n_prompt = len(tok.encode("Tell it. Story:"))
     context_id = next(c for _, op, c, _ in spare.log if op == "fill")
     assert context_id.endswith(".c0.r1")
-    # The spare engine got the prompt, then the 4 tokens already streamed inside the Generate
-    # of the rest.
+    # The spare engine got the prompt, then the 4 tokens already streamed as the tokens of the
+    # generating Extend of the rest.
     assert [(op, n) for _, op, c, n in spare.log if op in ("fill", "generate-fill", "generate")] == [
         ("fill", n_prompt),
         ("generate-fill", 4),

@@ -1,5 +1,5 @@
 """The engine server's `GET /metrics`: vLLM-style names, its stats as gauges and counters, and the
-Generate streams it served timed by objective; each engine app has its own registry."""
+generating Extend streams it served timed by objective; each engine app has its own registry."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
-def test_engine_metrics_after_fill_and_generate(tiny_engine: AsyncEngine) -> None:
+def test_engine_metrics_after_a_fill_and_a_generating_extend(tiny_engine: AsyncEngine) -> None:
     with ServerThread(create_engine_app(tiny_engine)) as a, ServerThread(create_engine_app(tiny_engine)) as b:
         before = samples(httpx.get(f"{a.url}/metrics").text)
         prompt = list(range(10, 50))
-        r = httpx.post(f"{a.url}/v1/engine/fill", json={"context_id": "m-parent", "token_ids": prompt})
+        r = httpx.post(f"{a.url}/v1/engine/extend", json={"context_id": "m-parent", "token_ids": prompt})
         assert r.status_code == 200
         body = {
             "context_id": "m-child",
@@ -36,13 +36,13 @@ def test_engine_metrics_after_fill_and_generate(tiny_engine: AsyncEngine) -> Non
             "objective": "throughput",
             "sampling": {"max_tokens": 5, "ignore_eos": True},
         }
-        with httpx.stream("POST", f"{a.url}/v1/engine/generate", json=body) as stream:
+        with httpx.stream("POST", f"{a.url}/v1/engine/extend", json=body) as stream:
             lines = list(stream.iter_lines())
         assert len(lines) == 5
         assert httpx.get(f"{a.url}/v1/engine/stats").status_code == 200
         m = samples(httpx.get(f"{a.url}/metrics").text)
         for ctx in ("m-parent", "m-child"):
-            httpx.post(f"{a.url}/v1/engine/free_context", json={"context_id": ctx})
+            httpx.post(f"{a.url}/v1/engine/free", json={"context_id": ctx})
         # The other app's registry saw none of it.
         other = samples(httpx.get(f"{b.url}/metrics").text)
     assert m["parrot:time_to_first_token_seconds_count{objective=throughput}"] == 1

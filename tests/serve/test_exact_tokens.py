@@ -19,7 +19,7 @@ import pytest
 from fake_engine import FakeEngine
 from manager_harness import new_session, run_manager
 
-from parrot.protocol.engine_api import GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, TokenEvent
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import ManagerConfig, SharingConfig
@@ -50,17 +50,18 @@ ODD_VALUES = [
 
 
 class PromptRecorder(FakeEngine):
-    """A FakeEngine that keeps the prompt of every Generate (its fill part included), by call id."""
+    """A FakeEngine that keeps the prompt of every generating Extend (its own tokens included), by call id."""
 
     def __init__(self, *args: object, **kw: object) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
         self.prompts: dict[str, list[list[int]]] = {}
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        call_id = req.context_id.split(".")[1]
-        held = self.contexts.get(req.parent_context_id or req.context_id, [])  # then the fill part, if any
-        self.prompts.setdefault(call_id, []).append([*held, *req.token_ids])
-        async for event in super().generate(req):
+    async def extend(self, req: ExtendRequest) -> AsyncIterator[TokenEvent]:
+        if req.sampling is not None:
+            call_id = req.context_id.split(".")[1]
+            held = self.contexts.get(req.parent_context_id or req.context_id, [])  # then its own tokens, if any
+            self.prompts.setdefault(call_id, []).append([*held, *req.token_ids])
+        async for event in super().extend(req):
             yield event
 
 
@@ -246,7 +247,7 @@ def test_early_fill_then_run_gives_the_engine_the_rendered_ids(
     n_stable = len(tok.encode(system + "Problem:"))  # `ĠPlan` takes the space: the boundary is before it
     n_early = n_stable if conservative else n_stable + 1  # the patched rule also fills `Ġ`
     pfx = [n for _, op, c, n in engine.log if op == "fill" and c.startswith("pfx-")]
-    gen = ("generate", n_full)  # the run's fill travels inside the Generate ("generate-fill")
+    gen = ("generate", n_full)  # the run's fill travels in its generating Extend ("generate-fill")
     if sharing and conservative:  # the early fill warmed the ready prefix; the call forked from it
         assert [pfx, ops_of(engine, "c0")] == [[n_stable], [("generate-fill", n_full - n_stable), gen, ("free", 0)]]
     elif sharing:  # the wrong early prefix hashes differently: never forked from, a right one is filled

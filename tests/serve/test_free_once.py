@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine
 
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest
+from parrot.protocol.engine_api import ExtendRequest, FreeContextRequest
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve.config import LimitsConfig, ManagerConfig, SharingConfig
 from parrot.serve.manager import create_manager
-from parrot.serve.runtime.contexts import free_context
+from parrot.serve.runtime.contexts import free_engine_context
 
 
 class CountingEngine(FakeEngine):
@@ -24,22 +25,22 @@ class CountingEngine(FakeEngine):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.num_frees: collections.Counter[str] = collections.Counter()
 
-    async def free_context(self, req: FreeContextRequest) -> None:
+    async def free(self, req: FreeContextRequest) -> None:
         self.num_frees[req.context_id] += 1
-        await super().free_context(req)
+        await super().free(req)
 
 
 def test_a_generating_context_is_freed_with_one_request_when_it_ends(tiny_model_folder: Path) -> None:
     engine = CountingEngine(tiny_model_folder, responder=lambda p: " a b c d", token_delay_s=0.01)
 
     async def main() -> None:
-        await engine.fill(FillRequest(context_id="c", token_ids=[5, 6, 7]))
-        stream = engine.generate(GenerateRequest(context_id="c", sampling=SamplingParams(max_tokens=8)))
+        await extend_only(engine, ExtendRequest(context_id="c", token_ids=[5, 6, 7]))
+        stream = engine.extend(ExtendRequest(context_id="c", append=True, sampling=SamplingParams(max_tokens=8)))
         await anext(stream)  # generating
-        await free_context(engine, "c")  # accepted at once: nothing to wait for or retry
+        await free_engine_context(engine, "c")  # accepted at once: nothing to wait for or retry
         assert [engine.num_frees["c"], "c" in engine.contexts] == [1, True]
         with pytest.raises(ParrotError) as info:  # being freed: as if gone
-            await engine.free_context(FreeContextRequest(context_id="c"))
+            await engine.free(FreeContextRequest(context_id="c"))
         assert info.value.status == 404
         events = [e async for e in stream]
         assert [events[-1].finish_reason, "c" in engine.contexts] == ["eos", False]

@@ -71,7 +71,7 @@ def test_consumer_prefix_is_filled_before_its_producer_finishes(default_model_fo
         producer_prompt = len(tok.encode("Summarize alpha beta now:"))
         assert ops(engine)[:6] == [
             ("fill", "c1", prefix),  # the consumer's ready prefix, before the producer even starts
-            ("generate-fill", "c0", producer_prompt),  # a ready call's fill travels with its Generate
+            ("generate-fill", "c0", producer_prompt),  # a ready call's fill travels in its generating Extend
             ("generate", "c0", producer_prompt),
             ("free", "c0", 0),
             ("generate-fill", "c1", rest),
@@ -345,9 +345,12 @@ def test_the_text_between_two_outputs_is_exactly_the_templates(default_model_fol
 
 
 @pytest.mark.parametrize("sharing", [False, True])
-def test_a_ready_call_sends_each_outputs_fill_inside_its_generate(default_model_folder: Path, sharing: bool) -> None:
-    """No Fill of its own before a generation: the prompt (forked from a cached prefix with
-    sharing) and the text between outputs travel in the GenerateRequest; outputs and usage exact."""
+def test_a_ready_call_sends_each_outputs_fill_in_its_generating_extend(
+    default_model_folder: Path, sharing: bool
+) -> None:
+    """No fill of its own before a generation: the prompt (forked from a cached prefix with
+    sharing) and the text between outputs are the tokens of the generating Extend; outputs and
+    usage exact."""
     system = "You are a careful assistant who answers in one short word. " * 3
 
     async def body(manager: Manager, session: Session, engine: FakeEngine) -> None:

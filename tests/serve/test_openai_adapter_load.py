@@ -19,8 +19,8 @@ from benchmarks.peers.fake_openai import FakeOpenAI
 from parrot.backends.openai_dialect import upstream_priority
 from parrot.backends.openai_engine import HEARD_S, UNWATCHED_STREAM_INTERVAL, OpenAIEngineClient
 from parrot.frontend import AsyncSession, SemanticFunction
-from parrot.protocol.engine_api import FillRequest, GenerateRequest
-from parrot.protocol.engine_client import EngineUnavailable
+from parrot.protocol.engine_api import ExtendRequest
+from parrot.protocol.engine_client import EngineUnavailable, extend_only
 from parrot.protocol.objective import Criteria, Objective
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
@@ -207,8 +207,8 @@ def test_the_latency_cap_is_learned_from_the_observed_time_per_output_token(tiny
     sampling = SamplingParams(max_tokens=8, ignore_eos=True)
 
     async def generate(client: OpenAIEngineClient, context_id: str) -> None:
-        await client.fill(FillRequest(context_id=context_id, token_ids=[5, 6, 7]))
-        [_ async for _ in client.generate(GenerateRequest(context_id=context_id, sampling=sampling))]
+        await extend_only(client, ExtendRequest(context_id=context_id, token_ids=[5, 6, 7]))
+        [_ async for _ in client.extend(ExtendRequest(context_id=context_id, append=True, sampling=sampling))]
 
     async def main(url: str) -> None:
         client = OpenAIEngineClient(url, tokenizer_folder=tiny_model_folder)
@@ -272,8 +272,8 @@ def test_a_token_streamed_within_heard_s_stands_for_the_heartbeats_request(tiny_
         await client.stats()  # the model card
         await client.stats()  # nothing streamed yet: a heartbeat request
         assert fake.num_model_reads == 2
-        await client.fill(FillRequest(context_id="c", token_ids=[5, 6, 7]))
-        events = client.generate(GenerateRequest(context_id="c", sampling=sampling))
+        await extend_only(client, ExtendRequest(context_id="c", token_ids=[5, 6, 7]))
+        events = client.extend(ExtendRequest(context_id="c", append=True, sampling=sampling))
         rest = []
         async for event in events:  # each token (40 ms apart) is the upstream's sign of life
             assert (await client.stats()).num_running == 1  # the stream closes after its last event
@@ -296,14 +296,14 @@ def test_an_upstream_refusing_new_requests_is_asked_though_its_open_stream_runs_
         client = OpenAIEngineClient(server.url, tokenizer_folder=tiny_model_folder)
         await client.stats()
         for context_id in ("long", "late"):
-            await client.fill(FillRequest(context_id=context_id, token_ids=[5, 6, 7]))
+            await extend_only(client, ExtendRequest(context_id=context_id, token_ids=[5, 6, 7]))
         long = SamplingParams(max_tokens=60, ignore_eos=True)
-        events = client.generate(GenerateRequest(context_id="long", sampling=long))
+        events = client.extend(ExtendRequest(context_id="long", append=True, sampling=long))
         await anext(events)
         server.server.should_exit = True  # a graceful shutdown: no new request, the open stream runs on
         await asyncio.sleep(0.3)  # uvicorn's main loop looks every 0.1 s
         with pytest.raises(EngineUnavailable):
-            [_ async for _ in client.generate(GenerateRequest(context_id="late", sampling=SMALL))]
+            [_ async for _ in client.extend(ExtendRequest(context_id="late", append=True, sampling=SMALL))]
         await anext(events)  # a token after the refusal: not a sign of life until the upstream answers
         with pytest.raises(EngineUnavailable):
             await client.stats()

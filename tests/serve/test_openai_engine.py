@@ -21,8 +21,8 @@ from parrot.backends.connect import connect_engine
 from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.async_engine import AsyncEngine
 from parrot.launch import OpenAIUpstream, start_embedded
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
-from parrot.protocol.engine_client import EngineClient, EngineUnavailable
+from parrot.protocol.engine_api import ExtendRequest, Filled, FreeContextRequest, TokenEvent
+from parrot.protocol.engine_client import EngineClient, EngineUnavailable, extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
@@ -130,16 +130,16 @@ def test_fork_then_generate_sees_the_parents_tokens(
     prompt, more = tok.encode("The capital of France is"), tok.encode(" and then")
 
     async def steps(engine: EngineClient, prefix: str) -> list[list[TokenEvent]]:
-        """Fill a, generate into a; fork b from a with more tokens, generate; fork c from b in Generate."""
+        """Fill a, generate into a; fork b from a with more tokens, generate; fork c from b and generate."""
         a, b, c = f"{prefix}a", f"{prefix}b", f"{prefix}c"
-        await engine.fill(FillRequest(context_id=a, token_ids=prompt))
-        runs = [[e async for e in engine.generate(GenerateRequest(context_id=a, sampling=SMALL))]]
-        await engine.fill(FillRequest(context_id=b, parent_context_id=a, token_ids=more))
-        runs.append([e async for e in engine.generate(GenerateRequest(context_id=b, sampling=SMALL))])
-        fork = GenerateRequest(context_id=c, parent_context_id=b, sampling=SMALL)
-        runs.append([e async for e in engine.generate(fork)])
+        await extend_only(engine, ExtendRequest(context_id=a, token_ids=prompt))
+        runs = [[e async for e in engine.extend(ExtendRequest(context_id=a, append=True, sampling=SMALL))]]
+        await extend_only(engine, ExtendRequest(context_id=b, parent_context_id=a, token_ids=more))
+        runs.append([e async for e in engine.extend(ExtendRequest(context_id=b, append=True, sampling=SMALL))])
+        fork = ExtendRequest(context_id=c, parent_context_id=b, sampling=SMALL)
+        runs.append([e async for e in engine.extend(fork)])
         for context_id in (a, b, c):
-            await engine.free_context(FreeContextRequest(context_id=context_id))
+            await engine.free(FreeContextRequest(context_id=context_id))
         return runs
 
     async def main() -> None:
@@ -152,9 +152,9 @@ def test_fork_then_generate_sees_the_parents_tokens(
             logprobs = [x.logprob for x in g if x.token_id is not None]
             assert logprobs == pytest.approx([x.logprob for x in e], abs=1e-4)
         # What the adapter held: b = a's prompt + a's 4 generated tokens + 3 more + b's 4 generated.
-        await client.fill(FillRequest(context_id="p", token_ids=prompt))
-        [_ async for _ in client.generate(GenerateRequest(context_id="p", sampling=SMALL))]
-        await client.fill(FillRequest(context_id="q", parent_context_id="p", token_ids=more))
+        await extend_only(client, ExtendRequest(context_id="p", token_ids=prompt))
+        [_ async for _ in client.extend(ExtendRequest(context_id="p", append=True, sampling=SMALL))]
+        await extend_only(client, ExtendRequest(context_id="q", parent_context_id="p", token_ids=more))
         info = client.context_info("q")
         assert [info.parent_context_id, info.num_tokens] == ["p", len(prompt) + 4 + len(more)]
         await client.aclose()
@@ -170,34 +170,39 @@ def test_bad_requests_get_the_builtin_engines_errors(
             await coro  # type: ignore[misc]
         return [info.value.status, info.value.field]
 
-    async def generate(client: OpenAIEngineClient, req: GenerateRequest) -> list[TokenEvent]:
-        return [e async for e in client.generate(req)]
+    async def generate(client: OpenAIEngineClient, req: ExtendRequest) -> list[TokenEvent]:
+        return [e async for e in client.extend(req)]
 
     async def main() -> None:
         client = adapter(upstream_url, tiny_model_folder)
-        await client.fill(FillRequest(context_id="a", token_ids=[1, 2, 3]))
-        gen = GenerateRequest(context_id="nope", sampling=SMALL)
+        await extend_only(client, ExtendRequest(context_id="a", token_ids=[1, 2, 3]))
+        gen = ExtendRequest(context_id="nope", append=True, sampling=SMALL)
         assert await status_field(generate(client, gen)) == [404, "context_id"]
-        await client.fill(FillRequest(context_id="empty", token_ids=[]))
-        duplicate = FillRequest(context_id="a", parent_context_id="empty", token_ids=[4])
-        assert await status_field(client.fill(duplicate)) == [409, "context_id"]
-        orphan = FillRequest(context_id="b", parent_context_id="nope", token_ids=[4])
-        assert await status_field(client.fill(orphan)) == [404, "parent_context_id"]
-        assert await status_field(client.free_context(FreeContextRequest(context_id="nope"))) == [404, "context_id"]
-        assert await status_field(client.fill(FillRequest(context_id="c", token_ids=[-1]))) == [400, "token_ids"]
-        empty = GenerateRequest(context_id="empty", sampling=SMALL)
-        assert await status_field(generate(client, empty)) == [400, "context_id"]
-        too_long = FillRequest(context_id="a", token_ids=[5] * 4094, append=True)
-        assert await status_field(client.fill(too_long)) == [400, "token_ids"]
+        await extend_only(client, ExtendRequest(context_id="e", token_ids=[9]))
+        duplicate = ExtendRequest(context_id="a", parent_context_id="e", token_ids=[4])
+        assert await status_field(extend_only(client, duplicate)) == [409, "context_id"]
+        orphan = ExtendRequest(context_id="b", parent_context_id="nope", token_ids=[4])
+        assert await status_field(extend_only(client, orphan)) == [404, "parent_context_id"]
+        assert await status_field(client.free(FreeContextRequest(context_id="nope"))) == [404, "context_id"]
+        assert await status_field(extend_only(client, ExtendRequest(context_id="c", token_ids=[-1]))) == [
+            400,
+            "token_ids",
+        ]
+        full = ExtendRequest(context_id="full", token_ids=[5] * 4096, sampling=SMALL)  # nothing to generate into
+        assert await status_field(generate(client, full)) == [400, "context_id"]
+        with pytest.raises(ParrotError):  # refused before the context changed: it was never made
+            client.context_info("full")
+        too_long = ExtendRequest(context_id="a", token_ids=[5] * 4094, append=True)
+        assert await status_field(extend_only(client, too_long)) == [400, "token_ids"]
         # Free while generating: accepted, the context goes when the stream ends (a second free is
         # a 404); once the reader closed the stream, the upstream stops generating (the request is
         # dropped, not read to its end).
         decoded_before = upstream_engine.engine.stats().num_decode_tokens
         long = SamplingParams(max_tokens=2000, ignore_eos=True)
-        stream = client.generate(GenerateRequest(context_id="a", sampling=long))
+        stream = client.extend(ExtendRequest(context_id="a", append=True, sampling=long))
         await anext(stream)
-        await client.free_context(FreeContextRequest(context_id="a"))
-        assert await status_field(client.free_context(FreeContextRequest(context_id="a"))) == [404, "context_id"]
+        await client.free(FreeContextRequest(context_id="a"))
+        assert await status_field(client.free(FreeContextRequest(context_id="a"))) == [404, "context_id"]
         assert client.context_info("a").context_id == "a"  # held until its generation ends
         await stream.aclose()  # type: ignore[attr-defined]
         with pytest.raises(ParrotError, match="unknown context 'a'"):
@@ -210,14 +215,14 @@ def test_bad_requests_get_the_builtin_engines_errors(
         assert upstream_engine.engine.stats().num_decode_tokens - decoded_before < 2000
         # An upstream 4xx keeps its status and message: a token id outside the vocabulary...
         vocab_size = Tokenizer(tiny_model_folder).vocab_size
-        await client.fill(FillRequest(context_id="v", token_ids=[vocab_size + 5]))
+        await extend_only(client, ExtendRequest(context_id="v", token_ids=[vocab_size + 5]))
         with pytest.raises(ParrotError) as info:
-            await generate(client, GenerateRequest(context_id="v", sampling=SMALL))
+            await generate(client, ExtendRequest(context_id="v", append=True, sampling=SMALL))
         assert info.value.status == 400 and "outside the vocabulary" in info.value.message
         assert client.context_info("v").num_tokens == 1  # unchanged
-        # A fork that a failed Generate was to create leaves nothing behind.
+        # A fork that a failed generation was to create leaves nothing behind.
         with pytest.raises(ParrotError):
-            await generate(client, GenerateRequest(context_id="w", parent_context_id="v", sampling=SMALL))
+            await generate(client, ExtendRequest(context_id="w", parent_context_id="v", sampling=SMALL))
         with pytest.raises(ParrotError) as info:
             client.context_info("w")
         assert [info.value.status, info.value.field] == [404, "context_id"]
@@ -253,9 +258,9 @@ def test_an_upstream_that_goes_away_is_unavailable_and_the_manager_keeps_serving
         await manager.start()
         before = await run_dag(manager)
         await asyncio.to_thread(doomed_server.__exit__, None, None, None)
-        await doomed.fill(FillRequest(context_id="a", token_ids=[1, 2, 3]))  # contexts are the adapter's
+        await extend_only(doomed, ExtendRequest(context_id="a", token_ids=[1, 2, 3]))  # contexts are the adapter's
         with pytest.raises(EngineUnavailable):
-            [_ async for _ in doomed.generate(GenerateRequest(context_id="a", sampling=SMALL))]
+            [_ async for _ in doomed.extend(ExtendRequest(context_id="a", append=True, sampling=SMALL))]
         with pytest.raises(EngineUnavailable):
             await doomed.stats()
         assert await run_dag(manager) == before  # re-dispatched to the live upstream if need be
@@ -331,8 +336,8 @@ def test_a_stop_string_is_cut_out_of_the_adapters_context(
     greedy = SamplingParams(max_tokens=12, ignore_eos=True)
 
     async def run(engine: EngineClient, context_id: str, sampling: SamplingParams) -> list[TokenEvent]:
-        await engine.fill(FillRequest(context_id=context_id, token_ids=prompt))
-        return [e async for e in engine.generate(GenerateRequest(context_id=context_id, sampling=sampling))]
+        await extend_only(engine, ExtendRequest(context_id=context_id, token_ids=prompt))
+        return [e async for e in engine.extend(ExtendRequest(context_id=context_id, append=True, sampling=sampling))]
 
     async def main() -> None:
         client = adapter(upstream_url, tiny_model_folder)
@@ -355,52 +360,60 @@ def test_a_stop_string_is_cut_out_of_the_adapters_context(
         assert expected[-1].output_token_ids == kept
         info = client.context_info("cut")
         assert info.num_tokens == len(prompt) + len(kept)
-        await client.fill(FillRequest(context_id="after", parent_context_id="cut", token_ids=[]))
+        await extend_only(client, ExtendRequest(context_id="after", parent_context_id="cut", token_ids=[]))
         for context_id in ("free", "cut", "after"):
-            await client.free_context(FreeContextRequest(context_id=context_id))
-        await tiny_engine.free_context(FreeContextRequest(context_id="ref-cut"))
+            await client.free(FreeContextRequest(context_id=context_id))
+        await tiny_engine.free(FreeContextRequest(context_id="ref-cut"))
         assert (await client.stats()).num_blocks_free == (await client.stats()).num_blocks_total
         await client.aclose()
 
     asyncio.run(main())
 
 
-def test_a_generate_carrying_its_fill_matches_fill_then_generate(
+def test_an_extend_with_tokens_and_sampling_matches_fill_then_generate(
     upstream_url: str, tiny_engine: AsyncEngine, tiny_model_folder: Path
 ) -> None:
-    """GenerateRequest.token_ids over the adapter: create, fork and append, each one request; the
-    same tokens as the builtin engine's; a bad fill part is the Fill's error, nothing held."""
+    """Tokens and sampling in one Extend over the adapter: create, fork and append, each one
+    request; the same tokens as the builtin engine's, the first event saying what the tokens did;
+    bad tokens are the fill's error, nothing held. Without sampling: one `filled` event."""
     tok = Tokenizer(tiny_model_folder)
     prompt, more = tok.encode("The capital of France is"), tok.encode(" and then")
 
     async def steps(engine: EngineClient, prefix: str) -> list[list[int]]:
         a, b = f"{prefix}a", f"{prefix}b"
         requests = [
-            GenerateRequest(context_id=a, token_ids=prompt, sampling=SMALL),
-            GenerateRequest(context_id=b, parent_context_id=a, token_ids=more, sampling=SMALL),
-            GenerateRequest(context_id=a, token_ids=more, append=True, sampling=SMALL),
+            ExtendRequest(context_id=a, token_ids=prompt, sampling=SMALL),
+            ExtendRequest(context_id=b, parent_context_id=a, token_ids=more, sampling=SMALL),
+            ExtendRequest(context_id=a, token_ids=more, append=True, sampling=SMALL),
         ]
-        runs = [[e.token_id async for e in engine.generate(r) if e.token_id is not None] for r in requests]
+        events = [[e async for e in engine.extend(r)] for r in requests]
+        runs = [[e.token_id for e in r if e.token_id is not None] for r in events]
+        # The first event says what the tokens did (the count computed differs: the adapter computes none itself).
+        filled = [r[0].filled for r in events]
+        after_a = len(prompt) + 4 + len(more)
+        assert [f.num_tokens if f else None for f in filled] == [len(prompt), after_a, after_a]
         for context_id in (a, b):
-            await engine.free_context(FreeContextRequest(context_id=context_id))
+            await engine.free(FreeContextRequest(context_id=context_id))
         return runs
 
     async def main() -> None:
         client = adapter(upstream_url, tiny_model_folder)
         got, expected = await steps(client, "x-"), await steps(tiny_engine, "ref-")
         assert got == expected and [len(r) for r in got] == [4, 4, 4]
-        await client.fill(FillRequest(context_id="h", token_ids=prompt))
+        events = [e async for e in client.extend(ExtendRequest(context_id="h", token_ids=prompt))]
+        filled = Filled(num_tokens=len(prompt), num_filled_tokens=len(prompt))  # computed by the upstream later
+        assert [(e.token_id, e.finish_reason, e.filled) for e in events] == [(None, "filled", filled)]
         with pytest.raises(ParrotError) as e:
-            [_ async for _ in client.generate(GenerateRequest(context_id="h", token_ids=more, sampling=SMALL))]
+            [_ async for _ in client.extend(ExtendRequest(context_id="h", token_ids=more, sampling=SMALL))]
         assert [e.value.status, e.value.field] == [409, "context_id"]
-        bad = GenerateRequest(context_id="n", parent_context_id="gone", token_ids=more, sampling=SMALL)
+        bad = ExtendRequest(context_id="n", parent_context_id="gone", token_ids=more, sampling=SMALL)
         with pytest.raises(ParrotError) as e:
-            [_ async for _ in client.generate(bad)]
+            [_ async for _ in client.extend(bad)]
         assert [e.value.status, e.value.field] == [404, "parent_context_id"]
         assert client.context_info("h").num_tokens == len(prompt)
         with pytest.raises(ParrotError):
             client.context_info("n")
-        await client.free_context(FreeContextRequest(context_id="h"))
+        await client.free(FreeContextRequest(context_id="h"))
         await client.aclose()
 
     asyncio.run(main())

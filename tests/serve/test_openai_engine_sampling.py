@@ -16,7 +16,7 @@ from parrot.backends.connect import connect_engine
 from parrot.backends.openai_dialect import StopRule, choice_events, completion_body
 from parrot.backends.openai_engine import OpenAIEngineClient
 from parrot.engine.async_engine import AsyncEngine
-from parrot.protocol.engine_api import GenerateRequest, TokenEvent, TopLogprob
+from parrot.protocol.engine_api import ExtendRequest, TokenEvent, TopLogprob
 from parrot.protocol.engine_client import EngineClient
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import CallSpec, RegisterEngineRequest, SubmitRequest
@@ -45,8 +45,8 @@ def upstream_url(engine: AsyncEngine) -> Iterator[str]:
 
 
 async def generate(client: EngineClient, context_id: str, sampling: SamplingParams) -> list[TokenEvent]:
-    req = GenerateRequest(context_id=context_id, token_ids=[5, 6, 7, 8, 9], sampling=sampling)
-    return [e async for e in client.generate(req)]
+    req = ExtendRequest(context_id=context_id, token_ids=[5, 6, 7, 8, 9], sampling=sampling)
+    return [e async for e in client.extend(req)]
 
 
 @pytest.mark.parametrize(

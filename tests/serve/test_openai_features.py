@@ -37,7 +37,7 @@ def test_n_choices_fork_one_filled_prompt(server: LiveServer, client: openai.Ope
     got = client.completions.create(
         model="tiny", prompt=prompt, max_tokens=6, temperature=0, n=4, extra_body={"ignore_eos": True}
     )
-    # One Fill of the prompt but its last token (the shared prefix), then 4 Generates forking it,
+    # One fill of the prompt but its last token (the shared prefix), then 4 generations forking it,
     # each carrying the last token; the engine computed the prompt once, not 4 times.
     requests = [[op, n] for _, op, _, n in server.engine.log[num_logged:] if op in ("fill", "generate")]
     assert requests == [["fill", len(ids) - 1]] + [["generate", 0]] * 4

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from live_server import LiveServer
 
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, FreeContextRequest, TokenEvent
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.sampling import SamplingParams
 from parrot.text import Tokenizer
 
@@ -22,9 +23,9 @@ def direct_events(server: LiveServer, token_ids: list[int], sampling: SamplingPa
     async def go() -> list[TokenEvent]:
         engine = server.engine.engine
         context_id = f"oracle-{uuid.uuid4().hex}"
-        await engine.fill(FillRequest(context_id=context_id, token_ids=token_ids))
-        events = [e async for e in engine.generate(GenerateRequest(context_id=context_id, sampling=sampling))]
-        await engine.free_context(FreeContextRequest(context_id=context_id))
+        await extend_only(engine, ExtendRequest(context_id=context_id, token_ids=token_ids))
+        events = [e async for e in engine.extend(ExtendRequest(context_id=context_id, append=True, sampling=sampling))]
+        await engine.free(FreeContextRequest(context_id=context_id))
         return events
 
     return list(server.call(go()))

@@ -40,7 +40,7 @@ def test_the_managers_document_and_error_bodies(server: LiveServer) -> None:
 def test_the_engines_document_and_error_bodies(tiny_engine: AsyncEngine) -> None:
     with ServerThread(create_engine_app(tiny_engine)) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         check_document(http.get("/openapi.json").json())
-        bad = http.post("/v1/engine/fill", json={"context_id": "", "token_ids": [1]})
+        bad = http.post("/v1/engine/extend", json={"context_id": "", "token_ids": [1]})
         assert bad.status_code == 400
         ErrorResponse.model_validate(bad.json())
 

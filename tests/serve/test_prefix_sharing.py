@@ -36,7 +36,7 @@ def run(
 
 
 def fills(engine: FakeEngine) -> list[tuple[str, int]]:
-    """(context kind, tokens) of every fill, a Generate's fill part included: "pfx" for cached
+    """(context kind, tokens) of every fill, a generating Extend's tokens included: "pfx" for cached
     prefix contexts, else the call id."""
     kinds = ("fill", "generate-fill")
     return [("pfx" if c.startswith("pfx-") else c.split(".", 1)[1], n) for _, op, c, n in engine.log if op in kinds]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from parrot.backends.http_engine import HttpEngineClient
 from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.server.app import create_engine_app
-from parrot.protocol.engine_api import FreeContextRequest
+from parrot.protocol.engine_api import ExtendRequest, Filled, FreeContextRequest
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.public_api import Binding, CallSpec, SubmitRequest, VariableSpec
 from parrot.protocol.sampling import SamplingParams
@@ -59,10 +61,41 @@ def test_manager_over_http_engine_matches_in_process(tiny_engine: AsyncEngine) -
             assert [stats.num_contexts, stats.num_blocks_free] == [0, stats.num_blocks_total]
             # Engine errors arrive with their status and field.
             with pytest.raises(ParrotError) as info:
-                await remote.free_context(FreeContextRequest(context_id="nope"))
+                await remote.free(FreeContextRequest(context_id="nope"))
             assert [info.value.status, info.value.field] == [404, "context_id"]
             await local.stop()
             await over_http.stop()
+            await remote.aclose()
+
+        asyncio.run(main())
+
+
+def test_extends_over_http_stream_ndjson_and_closing_a_generation_aborts_it(tiny_engine: AsyncEngine) -> None:
+    with ServerThread(create_engine_app(tiny_engine)) as engine_server:
+
+        async def main() -> None:
+            remote = HttpEngineClient(engine_server.url)
+            filled = await extend_only(remote, ExtendRequest(context_id="h-a", token_ids=[5, 6, 7, 8]))
+            assert filled == Filled(num_tokens=4, num_filled_tokens=3)
+            fork = ExtendRequest(context_id="h-b", parent_context_id="h-a", token_ids=[9], sampling=SMALL)
+            events = [e async for e in remote.extend(fork)]
+            assert [e.filled for e in events] == [Filled(num_tokens=5, num_filled_tokens=1), None, None, None]
+            assert [e.finish_reason for e in events] == [None, None, None, "length"]
+            # A reader that goes away: the engine stops generating (well before max_tokens), and the
+            # context, freed meanwhile, goes when the generation ends.
+            decoded = tiny_engine.engine.stats().num_decode_tokens
+            long = SamplingParams(max_tokens=2000, ignore_eos=True)
+            stream = remote.extend(ExtendRequest(context_id="h-b", append=True, sampling=long))
+            assert (await anext(stream)).token_id is not None
+            await stream.aclose()  # type: ignore[attr-defined]
+            for context_id in ("h-a", "h-b"):
+                await remote.free(FreeContextRequest(context_id=context_id))
+            deadline = time.monotonic() + 30
+            while "h-b" in tiny_engine.engine.contexts:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            assert tiny_engine.engine.stats().num_decode_tokens - decoded < 2000
+            assert "h-a" not in tiny_engine.engine.contexts
             await remote.aclose()
 
         asyncio.run(main())

@@ -10,7 +10,7 @@ import asyncio
 from manager_harness import new_session, run_manager
 
 from parrot.engine.async_engine import AsyncEngine
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
+from parrot.protocol.engine_api import ExtendRequest
 from parrot.protocol.public_api import CallSpec, SubmitRequest
 from parrot.protocol.sampling import SamplingParams
 from parrot.serve import ManagerConfig
@@ -19,7 +19,7 @@ from parrot.serve.manager import Manager
 
 
 class PriorityLog:
-    """Delegates to an engine; logs (tenant tag, priority) of every Generate, in order."""
+    """Delegates to an engine; logs (tenant tag, priority) of every generating Extend, in order."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -27,13 +27,11 @@ class PriorityLog:
         self.sent: list[tuple[str, int]] = []
         self.tags: dict[str, str] = {}  # session id -> tenant tag
 
-    async def fill(self, req: FillRequest) -> FillResult:
-        return await self.engine.fill(req)
-
-    async def generate(self, req: GenerateRequest):  # type: ignore[no-untyped-def]
-        tag = next((t for s, t in self.tags.items() if s in req.context_id), "?")
-        self.sent.append((tag, req.priority))
-        async for event in self.engine.generate(req):
+    async def extend(self, req: ExtendRequest):  # type: ignore[no-untyped-def]
+        if req.sampling is not None:
+            tag = next((t for s, t in self.tags.items() if s in req.context_id), "?")
+            self.sent.append((tag, req.priority))
+        async for event in self.engine.extend(req):
             yield event
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest, GenerateRequest, TokenEvent
+from parrot.protocol.engine_api import ExtendRequest, Filled, FreeContextRequest, TokenEvent
+from parrot.protocol.engine_client import extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.protocol.sampling import SamplingParams
@@ -58,19 +59,20 @@ def run(main: Coroutine[Any, Any, Any]) -> Any:
     return run_virtual(main)
 
 
-async def collect(engine: SimEngine, req: GenerateRequest) -> tuple[list[TokenEvent], float]:
-    events = [e async for e in engine.generate(req)]
+async def collect(engine: SimEngine, req: ExtendRequest) -> tuple[list[TokenEvent], float]:
+    events = [e async for e in engine.extend(req)]
     return events, asyncio.get_running_loop().time()
 
 
 def test_generate_with_fill_chunks_the_prompt_and_samples_in_its_last_chunk() -> None:
     async def main() -> None:
         engine = toy_engine()
-        req = GenerateRequest(context_id="a", token_ids=list(range(10)), sampling=SamplingParams(max_tokens=3))
+        req = ExtendRequest(context_id="a", token_ids=list(range(10)), sampling=SamplingParams(max_tokens=3))
         events, t = await collect(engine, req)
         # chunks 4, 4, 2 (the last samples token 1), then 2 decode steps: 5 steps of 10 ms
         assert t == pytest.approx(0.050, abs=1e-9)
         assert [e.finish_reason for e in events] == [None, None, "length"]
+        assert [e.filled for e in events] == [Filled(num_tokens=10, num_filled_tokens=9), None, None]
         assert events[-1].output_token_ids == [260, 260, 260]
         ctx = engine.kv.contexts["a"]
         assert [ctx.num_tokens, ctx.num_computed, len(ctx.blocks)] == [13, 12, 3]
@@ -83,36 +85,43 @@ def test_generate_with_fill_chunks_the_prompt_and_samples_in_its_last_chunk() ->
 def test_fill_computes_all_but_its_last_token_then_a_fork_reuses_them() -> None:
     async def main() -> None:
         engine = toy_engine()
-        result = await engine.fill(FillRequest(context_id="p", token_ids=list(range(9))))
+        result = await extend_only(engine, ExtendRequest(context_id="p", token_ids=list(range(9))))
         assert [result.num_tokens, result.num_filled_tokens] == [9, 8]
         assert asyncio.get_running_loop().time() == pytest.approx(0.020, abs=1e-9)  # 4 + 4 tokens
-        req = GenerateRequest(
+        req = ExtendRequest(
             context_id="c", parent_context_id="p", token_ids=[1, 2], sampling=SamplingParams(max_tokens=1)
         )
         events, t = await collect(engine, req)
         # the fork shares 8 computed tokens (2 full blocks): it computes 3 (1 of the parent's, 2 new)
         assert [len(events), (await engine.stats()).num_reused_tokens, engine.counters.num_prefill_tokens] == [1, 8, 11]
+        assert events[0].filled == Filled(num_tokens=11, num_filled_tokens=2)  # its last token is the generation's
         assert t == pytest.approx(0.030, abs=1e-9)
         assert engine.kv.contexts["c"].blocks[:2] == engine.kv.contexts["p"].blocks
+        # Without sampling: one `filled` event; a plain generation's events carry no `filled`.
+        events, _ = await collect(engine, ExtendRequest(context_id="p", token_ids=[5], append=True))
+        assert [(e.finish_reason, e.filled) for e in events] == [("filled", Filled(num_tokens=10, num_filled_tokens=1))]
+        req = ExtendRequest(context_id="p", append=True, sampling=SamplingParams(max_tokens=2))
+        events, _ = await collect(engine, req)
+        assert [e.filled for e in events] == [None, None]
 
     run(main())
 
 
-def test_free_context_rules() -> None:
+def test_free_rules() -> None:
     async def main() -> None:
         engine = toy_engine()
-        stream = engine.generate(
-            GenerateRequest(context_id="a", token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=5))
+        stream = engine.extend(
+            ExtendRequest(context_id="a", token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=5))
         )
         await anext(stream)
         with pytest.raises(ParrotError) as busy:
-            await engine.free_context(FreeContextRequest(context_id="a"))
+            await engine.free(FreeContextRequest(context_id="a"))
         assert busy.value.status == 409
         await stream.aclose()  # aborts the generation
-        await engine.free_context(FreeContextRequest(context_id="a"))
+        await engine.free(FreeContextRequest(context_id="a"))
         assert [engine.kv.num_free, list(engine.kv.contexts)] == [64, []]
         with pytest.raises(ParrotError) as missing:
-            await engine.free_context(FreeContextRequest(context_id="a"))
+            await engine.free(FreeContextRequest(context_id="a"))
         assert missing.value.status == 404
 
     run(main())
@@ -122,7 +131,7 @@ def test_work_that_can_never_fit_is_refused_naming_the_field() -> None:
     async def main() -> None:
         engine = toy_engine(num_blocks=2)
         with pytest.raises(ParrotError) as e:
-            await engine.fill(FillRequest(context_id="a", token_ids=list(range(9))))
+            await extend_only(engine, ExtendRequest(context_id="a", token_ids=list(range(9))))
         assert [e.value.status, e.value.field] == [400, "token_ids"]
 
     run(main())
@@ -133,8 +142,8 @@ def test_out_of_blocks_preempts_the_lower_ranked_generation_which_recomputes() -
         # 4 blocks of 4 slots. Two generations of 4 prompt tokens and 6 outputs need 3 blocks each
         # at the end: both cannot finish together, so the throughput one is preempted.
         engine = toy_engine(num_blocks=4, budget=8)
-        fast = GenerateRequest(context_id="lat", token_ids=[1] * 4, sampling=SamplingParams(max_tokens=6))
-        slow = GenerateRequest(
+        fast = ExtendRequest(context_id="lat", token_ids=[1] * 4, sampling=SamplingParams(max_tokens=6))
+        slow = ExtendRequest(
             context_id="tput", token_ids=[2] * 4, sampling=SamplingParams(max_tokens=6), objective=Objective.THROUGHPUT
         )
         (lat_events, lat_t), (tput_events, tput_t) = await asyncio.gather(collect(engine, fast), collect(engine, slow))
@@ -156,8 +165,8 @@ def test_out_of_blocks_preempts_the_lower_ranked_generation_which_recomputes() -
     run(main())
 
 
-def gen(context_id: str, num_prompt: int, max_tokens: int, **fields: Any) -> GenerateRequest:
-    return GenerateRequest(
+def gen(context_id: str, num_prompt: int, max_tokens: int, **fields: Any) -> ExtendRequest:
+    return ExtendRequest(
         context_id=context_id, token_ids=[3] * num_prompt, sampling=SamplingParams(max_tokens=max_tokens), **fields
     )
 

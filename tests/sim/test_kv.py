@@ -28,9 +28,9 @@ def test_blocks_return_when_no_context_refers_to_them() -> None:
     kv.compute(parent, 8)
     child = kv.create("c", parent)
     assert [child.blocks, kv.num_free] == [[0, 1], 2]
-    kv.free_context("p")
+    kv.remove("p")
     assert [kv.refs[:2], kv.num_free] == [[1, 1], 2]  # the child still holds them
-    kv.free_context("c")
+    kv.remove("c")
     assert [kv.num_free, sorted(kv.free)] == [4, [0, 1, 2, 3]]
 
 

@@ -1,8 +1,8 @@
 """Contexts: the engine-side token sequences, their block tables and fork relations.
 
 Progress of a context is two counters (as in vLLM v1): `tokens` (what the context should hold)
-and `num_computed` (how many of them have KV in the cache). Fill appends tokens, Generate appends
-sampled tokens, and every step moves `num_computed` forward; prefix hits, chunked prefill and decode
+and `num_computed` (how many of them have KV in the cache). An Extend's tokens are appended, then
+its generation's sampled tokens, and every step moves `num_computed` forward; prefix hits, chunked prefill and decode
 share this one path.
 
 Block-table invariant: `block_table` covers at least `num_computed` slots; slot i of the context

@@ -1,4 +1,6 @@
-"""A job: one Fill or Generate request in the engine, with its progress and its event sink."""
+"""A job: one part of an Extend request in the engine (its fill: the tokens going in; or its
+generation), with its progress and its event sink. An Extend with tokens and sampling is a fill
+job followed on its context by a generation job (`Job.then`)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parrot.engine.sampler import SampleRow
-from parrot.protocol.engine_api import FillResult, TokenEvent, TopLogprob
+from parrot.protocol.engine_api import Filled, TokenEvent, TopLogprob
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.protocol.sampling import SamplingParams
 from parrot.text.tokenizer import IncrementalDecoder
 
-# What a sink receives: token events of a generation, the result of a fill, or an error. The
-# last item of every job is a FillResult, a TokenEvent with finish_reason, or a ParrotError.
-JobEvent = TokenEvent | FillResult | ParrotError
+# What a sink receives: token events (of a generation, or the one `filled` event of an extend that
+# does not generate) or an error. The last item of every job is a TokenEvent with finish_reason or
+# a ParrotError; a fill followed by its extend's generation ends with nothing of its own: its
+# `Filled` rides on the generation's first event.
+JobEvent = TokenEvent | ParrotError
 Sink = Callable[[JobEvent], None]
 # One step's events, handed to the callers in one call (`LLMEngine.hand_off`), each with its sink.
 StepEvents = list[tuple[Sink, JobEvent]]
@@ -49,19 +53,22 @@ class Job:
     decoder: IncrementalDecoder | None = None
     stop_window: str = ""  # recent text kept to catch stop strings across token boundaries
     output_token_ids: list[int] = field(default_factory=list)  # what this generation put in the context
-    # A scoring fill (FillRequest.score): each filled token's logprob, NaN until computed, and the
+    # A scoring fill (ExtendRequest.score): each filled token's logprob, NaN until computed, and the
     # index in the context's tokens of its first filled token.
     scores: list[float] | None = None
     score_from: int = 0
-    score_tops: list[list[TopLogprob] | None] | None = None  # with FillRequest.top_logprobs: alternatives
+    score_tops: list[list[TopLogprob] | None] | None = None  # with ExtendRequest.top_logprobs: alternatives
     num_score_top: int = 0
     finished: bool = False
+    # A fill: the generation of the same Extend, queued right behind it; it reports the fill.
+    then: Job | None = None
+    # A generation: its extend's fill ended; the next event it emits carries this.
+    filled: Filled | None = None
 
-    def fill_result(self, context_id: str, num_tokens: int) -> FillResult:
+    def fill_result(self, num_tokens: int) -> Filled:
         """What a fill that ended reports (a scoring fill: its tokens' logprobs, None where unknown)."""
         scored = None if self.scores is None else [None if math.isnan(x) else x for x in self.scores]
-        return FillResult(
-            context_id=context_id,
+        return Filled(
             num_tokens=num_tokens,
             num_filled_tokens=self.num_filled,
             token_logprobs=scored,
@@ -87,7 +94,7 @@ class ScheduledSeq:
     """One job's share of a step: compute `num_new` tokens; sample after them if `sample`.
 
     A fill's last chunk may also compute the context's final token and sample the first token of
-    the Generate queued right behind it (`sample_for`), which then needs no step of its own.
+    the generation queued right behind it (`sample_for`), which then needs no step of its own.
     """
 
     job: Job

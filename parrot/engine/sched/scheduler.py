@@ -19,7 +19,7 @@ from parrot.engine.kv.context import ContextTable
 from parrot.engine.sched.job import Job, JobKind, ScheduledSeq, StepPlan
 from parrot.engine.sched.plan import CONTENTION_S, StepRules, plan_step
 from parrot.engine.sched.policy import get_policy, tier
-from parrot.protocol.engine_api import FillRequest, check_context_ids
+from parrot.protocol.engine_api import ExtendRequest, check_context_ids
 from parrot.protocol.errors import ParrotError
 
 
@@ -73,11 +73,9 @@ class Scheduler:
         `interrupt` when it does."""
         return self._step_tier is not None and tier(self.order_key(job, time.monotonic())) < self._step_tier
 
-    def check_fill(self, req: FillRequest) -> None:
-        """A Fill's id and length rules against what is held and queued; raises ParrotError."""
-        check_context_ids(
-            self.contexts, req.context_id, req.parent_context_id, must_exist=req.append, must_be_new=not req.append
-        )
+    def check_extend(self, req: ExtendRequest) -> None:
+        """An Extend's id and length rules against what is held and queued; raises ParrotError."""
+        check_context_ids(self.contexts, req)
         source = req.parent_context_id or req.context_id
         n = len(req.token_ids)
         if source in self.contexts:
@@ -131,7 +129,7 @@ class Scheduler:
 
     # ---- plan.Owner: the planner's questions about jobs, and its KV primitives ---------------
     def decoding(self, job: Job) -> bool:
-        """A Generate that can run and whose prompt is computed: each step makes one of its tokens
+        """A generation that can run and whose prompt is computed: each step makes one of its tokens
         (also one not yet admitted, e.g. right after a fill handed its first token over)."""
         return job.kind is JobKind.GENERATE and self.ready(job) and self.need(job) <= 1
 
@@ -196,7 +194,7 @@ class Scheduler:
                 return ParrotError("cannot score: the context's last token is computed already", field="score")
             job.score_from = len(ctx.tokens)
             ctx.tokens.extend(job.token_ids)
-            # The last token stays uncomputed: a Generate (or a fork's fill) computes it and
+            # The last token stays uncomputed: a generation (or a fork's fill) computes it and
             # samples from its logits, so no hidden state is kept between requests.
             job.target = max(ctx.num_computed, len(ctx.tokens) - 1)
         elif not ctx.tokens:
@@ -218,7 +216,7 @@ class Scheduler:
         return ScheduledSeq(job, n, sample)
 
     def handoff(self, job: Job, n: int) -> Job | None:
-        """The Generate waiting right behind `job` on its context, if `n` more tokens finish the
+        """The generation waiting right behind `job` on its context, if `n` more tokens finish the
         fill: the fill's last chunk then computes the final token too and samples for it."""
         if job.kind is not JobKind.FILL:
             return None

@@ -1,9 +1,9 @@
-"""The engine's HTTP server: the engine API (Fill / Generate / FreeContext / stats) over FastAPI.
+"""The engine's HTTP server: the engine API (Extend / Free / Lease / stats) over FastAPI.
 
 Routes (JSON bodies are the parrot.protocol.engine_api models):
-    POST /v1/engine/fill          FillRequest -> FillResult (returns when the fill is computed)
-    POST /v1/engine/generate      GenerateRequest -> NDJSON stream of TokenEvent, one per line
-    POST /v1/engine/free_context  FreeContextRequest -> {}
+    POST /v1/engine/extend        ExtendRequest -> NDJSON stream of TokenEvent, one per line (an
+                                  extend without sampling: one line, once its tokens are computed)
+    POST /v1/engine/free          FreeContextRequest -> {}
     POST /v1/engine/lease         LeaseRequest -> {} (hold contexts by id prefix; expired: freed when idle)
     GET  /v1/engine/stats         EngineStats
     GET  /v1/engine/info          {"model", "model_folder", "max_model_len"}
@@ -27,10 +27,8 @@ from parrot.engine.async_engine import AsyncEngine
 from parrot.engine.server.metrics import EngineMetrics
 from parrot.protocol.engine_api import (
     EngineStats,
-    FillRequest,
-    FillResult,
+    ExtendRequest,
     FreeContextRequest,
-    GenerateRequest,
     LeaseRequest,
     TokenEvent,
 )
@@ -57,16 +55,14 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
         app.middleware("http")(require_bearer(secret, "/v1/engine/"))
     metrics = app.state.metrics = EngineMetrics()
 
-    @app.post("/v1/engine/fill", responses=_CONTEXT)
-    async def fill(req: FillRequest) -> FillResult:
-        return await engine.fill(req)
-
     @app.post(
-        "/v1/engine/generate",
+        "/v1/engine/extend",
         responses={**_CONTEXT, 200: {"content": {"application/x-ndjson": {"schema": TokenEvent.model_json_schema()}}}},
     )
-    async def generate(req: GenerateRequest) -> StreamingResponse:
-        events = metrics.observe(req.objective.value, engine.generate(req))
+    async def extend(req: ExtendRequest) -> StreamingResponse:
+        events = engine.extend(req)
+        if req.sampling is not None:  # generations are timed; an extend without sampling has no tokens out
+            events = metrics.observe(req.objective.value, events)
         # Pull the first event before answering, so submission errors become a 4xx, not a stream.
         first = await anext(events)
 
@@ -77,9 +73,9 @@ def create_engine_app(engine: AsyncEngine, secret: str | None = None) -> FastAPI
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/engine/free_context", responses={**_ALWAYS, 404: _ERROR})  # busy: freed when idle
-    async def free_context(req: FreeContextRequest) -> dict[str, str]:
-        await engine.free_context(req)
+    @app.post("/v1/engine/free", responses={**_ALWAYS, 404: _ERROR})  # busy: freed when idle
+    async def free(req: FreeContextRequest) -> dict[str, str]:
+        await engine.free(req)
         return {}
 
     @app.post("/v1/engine/lease", responses=_ALWAYS)

@@ -2,7 +2,7 @@
 
 One `EngineMetrics` per engine app, with its own `CollectorRegistry` (never the global one), so
 several engine servers in one process (tests) do not clash. Histograms and counters are observed
-by the app as its Generate streams pass (time to first token from the request's arrival, time per
+by the app as its generating Extend streams pass (time to first token from the request's arrival, time per
 output token, finish reasons, by the request's objective); gauges and the engine's own counters
 (prefill and decode tokens, tokens reused by forks, preemptions, KV blocks) are read from
 `EngineStats` at scrape time.
@@ -29,7 +29,7 @@ class EngineMetrics:
         r = self.registry
         self.ttft = Histogram(
             "parrot:time_to_first_token_seconds",
-            "Time from a Generate request's arrival to its first token",
+            "Time from a generating Extend request's arrival to its first token",
             ["objective"],
             buckets=TTFT_BUCKETS,
             registry=r,

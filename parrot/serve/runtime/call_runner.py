@@ -12,13 +12,13 @@ its consumers can start while this call still generates its later outputs.
 With prefix sharing, the context's first fill forks from a cached prefix context leased from
 `PrefixContexts` (held until the runner is freed), and an early fill only warms cached prefixes:
 the call's own context waits for the dispatch, so calls that share what follows the ready prefix
-can still share it. Fill and Generate carry the call's deduced objective and priority.
+can still share it. Every Extend carries the call's deduced objective and priority.
 
-While the call runs, the fill right before a generation is held (`pending`) and sent inside the
-GenerateRequest (token_ids, append, or the leased prefix as parent): one request, and the builtin
-engine samples the output's first token in the fill's last step. Its usage is recorded when the
-engine's first event arrives, as a Fill's is when its result does; a fill another fill follows is
-sent as a Fill first.
+While the call runs, the fill right before a generation is held (`pending`) and sent as the tokens
+of the generation's Extend (appended, or after the leased prefix as parent): one request, and the
+builtin engine samples the output's first token in the fill's last step. Its usage is recorded
+when the engine's first event arrives, as a fill's is when its `filled` event does; a fill another
+fill follows is sent as an Extend without sampling first.
 
 A re-run after an engine died resumes: outputs set before are filled back as their generated
 tokens, and an output cut off mid-generation continues from its tokens so far (never repeated,
@@ -36,13 +36,13 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from parrot.protocol.engine_api import FillRequest, FillResult, GenerateRequest
-from parrot.protocol.engine_client import EngineUnavailable
+from parrot.protocol.engine_api import ExtendRequest, Filled
+from parrot.protocol.engine_client import EngineUnavailable, extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.clock import REAL_CLOCK, Clock
 from parrot.serve.policy.prefix import PrefixPoint
-from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_context, prompt_points
+from parrot.serve.runtime.contexts import Lease, PrefixContexts, free_engine_context, prompt_points
 from parrot.serve.runtime.engines import EngineHandle
 from parrot.serve.runtime.graph import CallNode
 from parrot.serve.runtime.render import check_prompt_len, render_prompt, segment_token_ids, stages
@@ -101,9 +101,9 @@ class CallRunner:
         self.counts_as_early_filled = False  # the executor's early-fill bookkeeping on the engine
         self.task: asyncio.Task[None] | None = None  # the executor's task now working for it
         self.engine_lost = False  # its engine died: the executor starts the call over
-        # While running, the fill right before a generation travels inside its GenerateRequest:
-        # held here with what to record once the engine took it (sent as a Fill if another comes).
-        self.pending: tuple[FillRequest, Callable[[FillResult | None], None]] | None = None
+        # While running, the fill right before a generation travels in the generation's Extend:
+        # held here with what to record once the engine took it (sent alone if another fill comes).
+        self.pending: tuple[ExtendRequest, Callable[[Filled | None], None]] | None = None
 
     async def rebind(self, engine: EngineHandle) -> None:
         """Run on another engine than the early fill's: what was filled there is given up."""
@@ -130,7 +130,7 @@ class CallRunner:
             log.warning("call %s: refilling its prompt: the tokens filled early changed", self.call.call_id)
             # Our fills have ended (awaited) and no generation ran on it: the engine frees it at
             # once, so the same id can be filled again.
-            await free_context(self.engine.client, self.context_id)
+            await free_engine_context(self.engine.client, self.context_id)
             self.has_context = False
             self.record.num_prompt_tokens -= len(self.prompt_ids)  # counted again when refilled
             self.prompt_ids = []
@@ -170,7 +170,7 @@ class CallRunner:
             self.num_filled_pieces = stop
             return
         num_parent_tokens = parent.num_tokens if parent is not None else 0
-        req = FillRequest(
+        req = ExtendRequest(
             context_id=self.context_id,
             token_ids=token_ids[num_parent_tokens:],
             parent_context_id=None if parent is None else parent.context_id,
@@ -178,7 +178,7 @@ class CallRunner:
             priority=self.record.engine_priority,
         )
 
-        def filled(result: FillResult | None) -> None:
+        def filled(result: Filled | None) -> None:
             self.prompt_ids = token_ids
             self.record.num_prompt_tokens += len(token_ids)
             if self.lease is not None:
@@ -198,7 +198,7 @@ class CallRunner:
         """The prompt up to the first output as one scoring fill of a context of its own (every
         token computed, so each gets its logprob: no cached prefix, nothing filled early kept)."""
         if self.has_context:
-            await free_context(self.engine.client, self.context_id)
+            await free_engine_context(self.engine.client, self.context_id)
             self.has_context, self.prompt_ids, self.record.num_prompt_tokens = False, [], 0
         self._drop_lease()
         token_ids = render_prompt(self.call, self.variables, self.engine.tokenizer, stop).token_ids
@@ -217,7 +217,7 @@ class CallRunner:
             if then is not None:
                 then()
             return
-        req = FillRequest(
+        req = ExtendRequest(
             context_id=self.context_id,
             token_ids=token_ids,
             append=self.has_context,  # our context exists: extend it; else create it
@@ -225,7 +225,7 @@ class CallRunner:
             priority=self.record.engine_priority,
         )
 
-        def filled(result: FillResult | None) -> None:
+        def filled(result: Filled | None) -> None:
             self.record.num_prompt_tokens += len(token_ids)
             if not self.running and result is not None:
                 self.record.num_early_filled_tokens += result.num_filled_tokens
@@ -234,22 +234,22 @@ class CallRunner:
 
         await self._fill(req, filled)
 
-    async def _fill(self, req: FillRequest, filled: Callable[[FillResult | None], None]) -> None:
+    async def _fill(self, req: ExtendRequest, filled: Callable[[Filled | None], None]) -> None:
         """Send a fill, or while running hold it for the generation that follows (`_generate`
-        sends it inside its GenerateRequest); `filled` records it once the engine took it."""
+        sends its tokens in the generation's Extend); `filled` records it once the engine took it."""
         self.has_context = True  # before any await: the engine may create it even if we are cancelled
         if self.running:
             await self._flush()
             self.pending = (req, filled)
             return
-        filled(await self.engine.client.fill(req))
+        filled(await extend_only(self.engine.client, req))
 
     async def _flush(self) -> None:
-        """Send the held fill as a Fill of its own (no generation follows it right away)."""
+        """Send the held fill as an Extend of its own (no generation follows it right away)."""
         if self.pending is not None:
             req, filled = self.pending
             self.pending = None
-            filled(await self.engine.client.fill(req))
+            filled(await extend_only(self.engine.client, req))
 
     async def run(self) -> None:
         """Fill and generate every output; raises ParrotError (outputs not yet set stay unset)."""
@@ -287,7 +287,7 @@ class CallRunner:
         scores = [sum(x or 0.0 for x in r.token_logprobs or ()) for r in results]
         best = max(range(len(choices)), key=lambda i: (scores[i], -i))
         chosen = token_ids[best]
-        req = FillRequest(
+        req = ExtendRequest(
             context_id=self.context_id, token_ids=chosen, append=True, objective=objective, priority=priority
         )
         await self._fill(req, lambda _: None)  # the chosen tokens follow the prompt, as generated ones would
@@ -311,13 +311,13 @@ class CallRunner:
             sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(generated)})
         fill, filled = self.pending or (None, None)  # the fill before it travels with it: one request
         self.pending = None
-        events = self.engine.client.generate(
-            GenerateRequest(
+        events = self.engine.client.extend(
+            ExtendRequest(
                 context_id=self.context_id,
                 sampling=sampling,
                 parent_context_id=fill.parent_context_id if fill is not None else None,
                 token_ids=fill.token_ids if fill is not None else [],
-                append=fill.append if fill is not None else False,
+                append=fill.append if fill is not None else True,
                 objective=self.record.objective,
                 priority=self.record.engine_priority,
                 watched=var.watched,
@@ -328,8 +328,8 @@ class CallRunner:
         num_before = len(generated)  # an earlier run's tokens, filled back above
         try:
             async for event in events:
-                if filled is not None:  # the engine took the fill part
-                    filled(None)
+                if filled is not None:  # the engine took the tokens
+                    filled(event.filled)
                     filled = None
                 if event.token_id is not None:
                     if event.finish_reason != "eos":  # the engine keeps EOS out of the context
@@ -387,5 +387,5 @@ class CallRunner:
         if not self.has_context:
             return
         if self.engine.alive:
-            await free_context(self.engine.client, self.context_id)
+            await free_engine_context(self.engine.client, self.context_id)
         self.has_context = False

@@ -2,8 +2,8 @@
 
 Owned by the manager; every method runs on its event loop. The index is prefix_cache.PrefixCache,
 the decisions are pure functions (prefix.choose_cache_points, prefix_cache.plan_evictions); this
-module does their engine I/O: a Fill for each new prefix context (forked from the longest shorter
-one already cached), a FreeContext for each evicted one.
+module does their engine I/O: an Extend without sampling for each new prefix context (forked from
+the longest shorter one already cached), a Free for each evicted one.
 
 Contracts:
 - `lease()` returns once the leased entry's context holds its prefix; the lease keeps the entry
@@ -21,8 +21,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from parrot.protocol.engine_api import FillRequest, FreeContextRequest
-from parrot.protocol.engine_client import EngineClient, EngineUnavailable
+from parrot.protocol.engine_api import ExtendRequest, FreeContextRequest
+from parrot.protocol.engine_client import EngineClient, EngineUnavailable, extend_only
 from parrot.protocol.errors import ParrotError
 from parrot.protocol.objective import Objective
 from parrot.serve.clock import REAL_CLOCK, Clock
@@ -88,12 +88,12 @@ def _prompt_points(
     return token_ids, prefix_points(call.model, token_ids, boundaries)
 
 
-async def free_context(client: EngineClient, context_id: str) -> None:
+async def free_engine_context(client: EngineClient, context_id: str) -> None:
     """Free a context with one request: an engine frees a context that still has work queued
     (a generation whose reader went away, a fork waiting to read it) when that work ends, so
     there is nothing to wait for or retry."""
     try:
-        await client.free_context(FreeContextRequest(context_id=context_id))
+        await client.free(FreeContextRequest(context_id=context_id))
     except EngineUnavailable:
         return  # a dead engine holds nothing
     except ParrotError as e:
@@ -174,7 +174,7 @@ class PrefixContexts:
         if parent is not None:
             self.cache.acquire(parent, entry.last_used)  # until the fork has read it
         start = parent.num_tokens if parent is not None else 0
-        request = FillRequest(
+        request = ExtendRequest(
             context_id=context_id,
             token_ids=token_ids[start : point.num_tokens],
             parent_context_id=None if parent is None else parent.context_id,
@@ -186,11 +186,11 @@ class PrefixContexts:
         self._fills[id(entry)] = task
         return entry
 
-    async def _fill(self, engine: EngineHandle, entry: PrefixEntry, request: FillRequest) -> None:
+    async def _fill(self, engine: EngineHandle, entry: PrefixEntry, request: ExtendRequest) -> None:
         try:
             if entry.parent is not None:
                 await self._ready(entry.parent)
-            await engine.client.fill(request)
+            await extend_only(engine.client, request)
             entry.state = EntryState.READY
         except BaseException:
             if self.cache.remove(entry):
@@ -242,6 +242,6 @@ class PrefixContexts:
     def _free(self, engine: EngineHandle, entry: PrefixEntry) -> None:
         if not engine.alive:
             return
-        task = asyncio.get_running_loop().create_task(free_context(engine.client, entry.context_id))
+        task = asyncio.get_running_loop().create_task(free_engine_context(engine.client, entry.context_id))
         self._frees.add(task)
         task.add_done_callback(self._frees.discard)

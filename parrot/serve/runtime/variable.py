@@ -47,7 +47,7 @@ class Variable:
         # OpenAI request with `stream`. A generation dispatched unwatched may deliver tokens in batches.
         self.watched = False
         # Someone reads the generated tokens' logprobs (an OpenAI request with `logprobs`); the SDK
-        # reads only text, so an engine need not compute them (GenerateRequest.logprobs).
+        # reads only text, so an engine need not compute them (ExtendRequest.logprobs).
         self.logprobs_read = False
         self._changed = asyncio.Event()
 
