@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.apps.paired import collect, render, sign_test_p, write_paired
+from benchmarks.apps.paired import collect, render, sign_test_p, versions, write_paired
 
 LATENCY = {"key": "lat", "label": "latency", "unit": "ms", "lower_is_better": True}
 RATE = {"key": "rate", "label": "rate", "unit": "req/s", "lower_is_better": False}
@@ -85,3 +85,20 @@ def test_a_run_writes_its_same_engine_pairs_and_nothing_without_them(tmp_path: P
     assert "| S: latency (ms) | 1 | 2.000x (2.000-2.000) | 1 / 0 / 0 | 1 | — | — |" in text
     write_paired(results(record("parrot", 0, 40.0, 1.0)), tmp_path)  # no pair: no table, not the old one
     assert not (tmp_path / "paired.md").exists()
+
+
+def test_two_versions_of_the_code_pair_run_by_run_and_repeat_by_repeat() -> None:
+    before = [
+        results(record("parrot", 0, 100.0, 4.0), record("parrot", 1, 80.0, 4.0), record("a", 0, 1.0, 1.0)),
+        results(record("parrot", 0, 90.0, 2.0)),
+    ]
+    after = [
+        results(record("parrot", 0, 50.0, 8.0), record("parrot", 1, 80.0, 2.0)),
+        results(record("parrot", 0, 100.0, 2.0)),
+    ]
+    pairs = collect(versions(before, after, "parrot"), "before", "after", None)
+    # Above 1: the later version is faster (times) or higher (rates); the other configuration is left out.
+    assert pairs["s / lat"].ratios == pytest.approx([2.0, 1.0, 0.9])
+    assert pairs["s / rate"].ratios == pytest.approx([2.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match="one to one"):
+        versions(before, after[:1], "parrot")

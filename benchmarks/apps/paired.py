@@ -19,6 +19,10 @@ runs; on a machine whose cores the engine saturates, that is the CPU the other p
     python -m benchmarks.apps.paired bench_results/apps-vllm-amd-avx512/results.json [more results.json ...] \\
         [--baseline d] [--config parrot_vllm] [--only gpts mixed]
 
+Two versions of the code, one configuration (run them alternately, each from its own tree):
+
+    python -m benchmarks.apps.paired --config parrot --before base/run-*.json --after new/run-*.json
+
 Runs of several files are pooled (the same scenario key in each). `benchmarks.apps` writes this
 table for its own run as `paired.md` (for each pair of configurations on the same engine it ran,
 report.SAME_ENGINE_PAIRS: (d) against Parrot+vLLM).
@@ -105,6 +109,24 @@ def render(pairs: dict[str, Pairs], baseline: str, config: str) -> str:
     return markdown(rows)
 
 
+def versions(before: list[dict[str, Any]], after: list[dict[str, Any]], config: str) -> list[dict[str, Any]]:
+    """Runs of two versions of the code as runs of two configurations: the i-th run of `before`
+    paired with the i-th of `after` (run them alternately), `config`'s records renamed "before" and
+    "after", so `collect` pairs each scenario's repeats across the two versions."""
+    if len(before) != len(after):
+        raise ValueError(f"{len(before)} runs before against {len(after)} after: pair them one to one")
+    merged = []
+    for b, a in zip(before, after, strict=True):
+        records = [
+            r | {"config": name}
+            for name, res in (("before", b), ("after", a))
+            for r in res["records"]
+            if r["config"] == config
+        ]
+        merged.append({"scenarios": b["scenarios"], "records": records})
+    return merged
+
+
 def write_paired(results: dict[str, Any], out: Path) -> None:
     """`paired.md` in `out`: the table of each same-engine pair of configurations the run has."""
     tables = []
@@ -121,16 +143,23 @@ def write_paired(results: dict[str, Any], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, nargs="+", help="results.json files of benchmarks.apps")
+    parser.add_argument("results", type=Path, nargs="*", help="results.json files of benchmarks.apps")
     parser.add_argument("--baseline", default="d", help="the configuration in the numerator (times)")
     parser.add_argument("--config", default="parrot_vllm", help="the configuration compared with it")
     parser.add_argument("--only", nargs="*", help="workloads or scenario keys")
+    parser.add_argument("--before", type=Path, nargs="*", help="runs of one version of the code (with --after)")
+    parser.add_argument("--after", type=Path, nargs="*", help="runs of another version, run alternately with --before")
     args = parser.parse_args()
-    results = [json.loads(path.read_text()) for path in args.results]
-    pairs = collect(results, args.baseline, args.config, args.only)
+    if args.before or args.after:  # one configuration (--config) across two versions of the code
+        before, after = ([json.loads(path.read_text()) for path in paths or ()] for paths in (args.before, args.after))
+        results, baseline, config = versions(before, after, args.config), "before", "after"
+    else:
+        results = [json.loads(path.read_text()) for path in args.results]
+        baseline, config = args.baseline, args.config
+    pairs = collect(results, baseline, config, args.only)
     if not pairs:
-        parser.error(f"no repeat ran both {args.baseline} and {args.config}")
-    print(render(pairs, args.baseline, args.config), end="")
+        parser.error(f"no repeat ran both {baseline} and {config}")
+    print(render(pairs, baseline, config), end="")
 
 
 if __name__ == "__main__":
