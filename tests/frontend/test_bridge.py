@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from parrot.frontend import Session
 from parrot.frontend.bridge import _ON_OWN_LOOP as ON_OWN_LOOP
 from parrot.frontend.bridge import is_running, iterate_blocking, iterate_on, run_blocking, run_on
 
@@ -91,3 +92,23 @@ def test_iterating_forwards_each_item_then_the_error(loop: asyncio.AbstractEvent
     across, here = asyncio.run(elsewhere())
     assert across == [("owner", 0), ("owner", 1)]
     assert here == [(threading.current_thread().name, 0)]
+
+
+def test_a_sync_sessions_methods_on_its_own_loop_raise_instead_of_hanging() -> None:
+    s = Session("http://127.0.0.1:9")  # nothing is sent: the calls are refused before any request
+    try:
+
+        async def inside() -> list[str]:
+            refused = []
+            for method in (s.flush, s.open, s.status, s.list_variables):
+                with pytest.raises(RuntimeError) as info:
+                    method()
+                refused.append(str(info.value))
+            return refused
+
+        refused = asyncio.run_coroutine_threadsafe(inside(), s._loop).result(timeout=10)
+        assert refused == [ON_OWN_LOOP] * 4
+    finally:
+        s.close()
+    assert s._loop.is_closed()
+    s.close()  # closing again does nothing
