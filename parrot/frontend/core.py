@@ -215,11 +215,7 @@ class SessionCore:
     async def get(self, var: SemanticVariable, criteria: Criteria, timeout: float | None) -> str:
         if var._value is not None:
             return var._value
-        self._await_soon(var, criteria)
-        await self.flushed(var._seq)
-        if var._error is not None:
-            raise var._error
-        await self.open()
+        await self._readable(var, criteria)
         deadline = None if timeout is None else self.loop.time() + timeout
         while True:
             wait_s = MAX_GET_TIMEOUT_S if deadline is None else min(MAX_GET_TIMEOUT_S, deadline - self.loop.time())
@@ -237,31 +233,36 @@ class SessionCore:
         if var._value is not None:
             yield var._value
             return
-        self._await_soon(var, criteria)
-        await self.flushed(var._seq)
-        if var._error is not None:
-            raise var._error
-        await self.open()
+        await self._readable(var, criteria)
         async for chunk in self.transport.stream_variable(var.var_id, criteria):
             yield chunk
 
     async def set(self, var: SemanticVariable, value: str) -> None:
         if not isinstance(value, str):
             raise ParrotError(f"a variable's value is text, not {type(value).__name__}", field="value")
-        await self.flushed(var._seq)
-        if var._error is not None:
-            raise var._error
+        await self._defined(var)
         await self.open()
         await self.transport.set_variable(var.var_id, value)
         var._value = value
 
     async def cancel(self, var: SemanticVariable) -> None:
-        await self.flushed(var._seq)
-        if var._error is not None:
-            raise var._error
+        await self._defined(var)
         if var._call_id is None:
             raise ParrotError(f"variable {var.var_id!r} is no call's output: nothing to cancel", field="var_id")
         await self.transport.cancel_call(var._call_id)
+
+    async def _defined(self, var: SemanticVariable) -> None:
+        """Until the operation defining `var` was sent; its batch's error if the server refused it."""
+        await self.flushed(var._seq)
+        if var._error is not None:
+            raise var._error
+
+    async def _readable(self, var: SemanticVariable, criteria: Criteria) -> None:
+        """Until `var` can be read on the server: defined there (its batch saying a reader waits, if
+        still queued), in a session that exists there."""
+        self._await_soon(var, criteria)
+        await self._defined(var)
+        await self.open()
 
     # --- native calls -----------------------------------------------------------------------------
 
@@ -271,10 +272,7 @@ class SessionCore:
 
         async def run() -> None:
             try:
-                values = {
-                    k: (v.parsed(await self.get(v, Criteria.LATENCY, None)) if isinstance(v, SemanticVariable) else v)
-                    for k, v in args.items()
-                }
+                values = {k: (await v.aget() if isinstance(v, SemanticVariable) else v) for k, v in args.items()}
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(**values)
                 else:
